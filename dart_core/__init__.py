@@ -1,0 +1,16 @@
+"""DART Lab engine: lossless DART speculative decoding on transformers models, recording every step."""
+
+from .acceptance import SamplingConfig
+from .decoding import GenerationConfig, generate, run
+from .draft_head import DraftConfig, DraftHead
+from .metrics import Metrics
+from .ngram import NGramModel
+from .proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
+from .target import TargetModel
+from .trace import StepRecord, Trace
+from .tree import TokenTree
+from .tree_search import SearchConfig
+
+__all__ = ["SamplingConfig", "GenerationConfig", "generate", "run", "DraftConfig", "DraftHead", "Metrics",
+           "NGramModel", "DartProposer", "HeadDrafter", "PromptLookupProposer", "VanillaProposer", "TargetModel",
+           "StepRecord", "Trace", "TokenTree", "SearchConfig"]

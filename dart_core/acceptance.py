@@ -1,0 +1,129 @@
+"""Choosing tokens from target logits, and accepting a draft tree against them.
+
+Greedy: walk down the tree while a child carries the target's argmax; the argmax at the last accepted node is the
+bonus token.
+
+Sampling: the multi-draft rule for deterministic drafts (SpecInfer / EAGLE). At a node with target distribution p,
+try each child token x in turn: accept with probability p(x); on rejection set p(x) = 0 and renormalise. If every
+child is rejected, or the node has none, the bonus token is drawn from what is left of p. Each emitted token is then
+distributed exactly as p, so the output has the target's own (processed) distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+import torch
+
+from .tree import TokenTree
+
+GREEDY_TEMPERATURE = 1e-5
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0   # <= 1e-5 means greedy
+    top_p: float = 1.0         # nucleus: keep the smallest set with mass >= top_p (1.0 = off)
+    top_k: int = 0             # keep the k most likely tokens (0 = off)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= GREEDY_TEMPERATURE
+
+    def validate(self) -> "SamplingConfig":
+        if not (self.temperature >= 0 and self.temperature == self.temperature):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        return self
+
+    def make_generator(self) -> torch.Generator:
+        gen = torch.Generator()
+        gen.manual_seed(self.seed if self.seed is not None else torch.seed())
+        return gen
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SamplingConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def processed_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """[..., V] logits -> [..., V] fp32 probabilities after temperature, then top-k, then top-p (HF's order)."""
+    scores = logits.float() / max(cfg.temperature, GREEDY_TEMPERATURE)
+    if cfg.top_k > 0 and cfg.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, cfg.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        cum = sorted_scores.softmax(-1).cumsum(-1)
+        drop_sorted = cum <= (1 - cfg.top_p)
+        drop_sorted[..., -1] = False  # always keep the most likely token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores.softmax(-1)
+
+
+@dataclass
+class Acceptance:
+    path: list[int]   # accepted tree nodes from the root (node 0) down
+    bonus: int        # the target's own token after the last accepted node
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens accepted (the root is not a draft)."""
+        return len(self.path) - 1
+
+
+def choose_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> int:
+    """One token from a [V] logit row: argmax, or a sample from the processed distribution."""
+    if cfg.greedy:
+        return int(logits.argmax())
+    probs = processed_probs(logits, cfg).cpu()
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def accept(tree: TokenTree, logits: torch.Tensor, cfg: SamplingConfig,
+           gen: torch.Generator | None = None) -> Acceptance:
+    """logits: [n, V] target logits at each tree node (row i predicts the token after node i)."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(tree.parents[1:], start=1):
+        children.setdefault(p, []).append(i)
+    if cfg.greedy:
+        return _accept_greedy(tree, logits.argmax(-1).tolist(), children)
+    return _accept_sampling(tree, logits, cfg, gen, children)
+
+
+def _accept_greedy(tree: TokenTree, argmax: list[int], children: dict[int, list[int]]) -> Acceptance:
+    path = [0]
+    while True:
+        want = argmax[path[-1]]
+        nxt = next((c for c in children.get(path[-1], ()) if tree.tokens[c] == want), None)
+        if nxt is None:
+            return Acceptance(path, want)
+        path.append(nxt)
+
+
+def _accept_sampling(tree: TokenTree, logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None,
+                     children: dict[int, list[int]]) -> Acceptance:
+    probs = processed_probs(logits, cfg)
+    path = [0]
+    while True:
+        p = probs[path[-1]].cpu().double()
+        moved = False
+        for child in children.get(path[-1], ()):
+            x = tree.tokens[child]
+            if float(torch.rand((), generator=gen, dtype=torch.float64)) < float(p[x]):
+                path.append(child)
+                moved = True
+                break
+            p[x] = 0.0
+            p = p / p.sum()
+        if not moved:
+            return Acceptance(path, int(torch.multinomial(p, 1, generator=gen)))

@@ -1,0 +1,139 @@
+"""The decoding loop shared by every method: propose a tree, verify it in one target forward, accept, commit.
+
+The target cache always holds the committed tokens; the token the target chose last (the "root") is pending and
+is verified as the root of the next tree. The loop is a generator that yields one StepRecord per target forward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from .acceptance import SamplingConfig, accept, choose_token
+from .proposers import Proposer
+from .target import TargetModel
+from .trace import StepRecord, Trace
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    stop_ids: frozenset[int] = frozenset()
+    max_context: int | None = None   # prompt + generated tokens; defaults to the model's max positions
+
+    def validate(self) -> "GenerationConfig":
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
+        if self.max_context is not None and self.max_context < 2:
+            raise ValueError(f"max_context must be >= 2, got {self.max_context}")
+        self.sampling.validate()
+        return self
+
+
+def generate(target: TargetModel, proposer: Proposer, prompt_ids: list[int],
+             config: GenerationConfig) -> Iterator[StepRecord]:
+    """Decode from `prompt_ids`, yielding the prefill record and then one record per verify step."""
+    config.validate()
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    max_context = min(config.max_context or target.max_positions, target.max_positions)
+    if len(prompt_ids) >= max_context:
+        raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the context limit is {max_context}")
+    gen = None if config.sampling.greedy else config.sampling.make_generator()
+    stops = frozenset(config.stop_ids)
+    proposer.reset()
+    cache = target.new_cache()
+
+    start = time.perf_counter()
+    logits, features = target.prefill(list(prompt_ids), cache, features=proposer.needs_features)
+    root = choose_token(logits, config.sampling, gen)
+    committed = list(prompt_ids)
+    emitted = 1
+    step = StepRecord(index=0, kind="prefill", context_len=0, new_tokens=[root],
+                      timings={"prefill": time.perf_counter() - start})
+    step.stop_reason = _stop_reason([root], stops, emitted, config.max_new_tokens, len(committed) + 1, max_context)
+    step.elapsed = time.perf_counter() - start
+    yield step
+
+    index = 1
+    while step.stop_reason is None:
+        past = len(committed)
+        # After this step the sequence holds past + len(path) + 1 (bonus) tokens: keep that within the context.
+        max_nodes = max_context - past - 2
+        t0 = time.perf_counter()
+        proposal = proposer.propose(committed + [root], features, max_nodes)
+        t1 = time.perf_counter()
+        tree = proposal.tree
+        logits, feats = target.verify(tree, cache, features=proposer.needs_features)
+        t2 = time.perf_counter()
+        result = accept(tree, logits, config.sampling, gen)
+        target.commit(cache, past, result.path)
+        t3 = time.perf_counter()
+
+        features = feats[result.path] if feats is not None else None
+        committed.extend(tree.tokens[i] for i in result.path)
+        new = [tree.tokens[i] for i in result.path[1:]] + [result.bonus]
+        new = _truncate(new, stops, config.max_new_tokens - emitted)
+        emitted += len(new)
+        root = result.bonus
+        # The measured draft/search split comes from the proposer; whatever else propose() spent counts as draft.
+        draft_time = (t1 - t0) - proposal.search_time
+        step = StepRecord(
+            index=index, kind="verify", context_len=past, new_tokens=new, accepted=result.accepted, tree=tree,
+            path=result.path, rows_tokens=proposal.rows_tokens, rows_probs=proposal.rows_probs,
+            candidates=proposal.candidates,
+            timings={"draft": draft_time, "search": proposal.search_time, "verify": t2 - t1, "accept": t3 - t2})
+        step.stop_reason = _stop_reason(new, stops, emitted, config.max_new_tokens, len(committed) + 1, max_context)
+        step.elapsed = time.perf_counter() - start
+        yield step
+        index += 1
+
+
+def _truncate(new: list[int], stops: frozenset[int], remaining: int) -> list[int]:
+    """Cut the step's tokens after the first stop token and at the token limit."""
+    for i, t in enumerate(new):
+        if t in stops:
+            new = new[: i + 1]
+            break
+    return new[: max(remaining, 0)]
+
+
+def _stop_reason(new, stops, emitted, max_new, seq_len, max_context) -> str | None:
+    if any(t in stops for t in new):
+        return "stop_token"
+    if emitted >= max_new:
+        return "max_new_tokens"
+    if seq_len >= max_context:
+        return "context_full"
+    return None
+
+
+def run(target: TargetModel, proposer: Proposer, prompt_ids: list[int], config: GenerationConfig,
+        settings: dict | None = None) -> Trace:
+    """Decode to the end and return the whole trace."""
+    trace = Trace(method=proposer.name, prompt_ids=list(prompt_ids), settings=dict(settings or {}))
+    for step in generate(target, proposer, prompt_ids, config):
+        trace.steps.append(step)
+    return trace
+
+
+def plain_greedy_reference(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
+                           stop_ids=frozenset()) -> list[int]:
+    """Token-by-token greedy decoding with transformers' own cache handling (the lossless yardstick in tests)."""
+    ids = torch.tensor([prompt_ids], device=target.device)
+    cache = target.new_cache()
+    out: list[int] = []
+    with torch.inference_mode():
+        logits = target.model(input_ids=ids, cache=cache, use_cache=True).logits[0, -1]
+        for _ in range(max_new_tokens):
+            tok = int(logits.argmax())
+            out.append(tok)
+            if tok in stop_ids:
+                break
+            logits = target.model(input_ids=torch.tensor([[tok]], device=target.device), cache=cache,
+                                  use_cache=True).logits[0, -1]
+    return out

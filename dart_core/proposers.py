@@ -1,0 +1,153 @@
+"""Who proposes draft tokens. Plain decoding, prompt lookup and DART are three proposers behind one seam.
+
+Each step the decoding loop calls `propose(context, new_features, max_nodes)`:
+  context       committed tokens followed by the pending root (the token the target chose last step),
+  new_features  target features [S, 3H] of the tokens committed since the previous call (None unless the
+                proposer sets `needs_features`),
+  max_nodes     how many draft nodes besides the root fit in the context window.
+and verifies the returned tree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .draft_head import DraftCache, DraftHead
+from .ngram import NGramModel
+from .tree import TokenTree
+from .tree_search import Candidates, SearchConfig, search
+
+
+@dataclass
+class Proposal:
+    tree: TokenTree
+    rows_tokens: np.ndarray | None = None   # [R, k] DART's top-k per logit row (target ids)
+    rows_probs: np.ndarray | None = None    # [R, k]
+    candidates: Candidates | None = None    # every candidate the tree search considered
+    draft_time: float = 0.0
+    search_time: float = 0.0
+
+
+class Proposer:
+    name = "base"
+    needs_features = False
+
+    def reset(self) -> None:
+        """Forget per-generation state (called before each prompt)."""
+
+    def propose(self, context: list[int], new_features: torch.Tensor | None, max_nodes: int) -> Proposal:
+        raise NotImplementedError
+
+
+class VanillaProposer(Proposer):
+    """Plain autoregressive decoding: the tree is the root alone, so each step emits one token."""
+    name = "vanilla"
+
+    def propose(self, context, new_features, max_nodes):
+        return Proposal(TokenTree([context[-1]], [-1]))
+
+
+class PromptLookupProposer(Proposer):
+    """Prompt lookup decoding: copy what followed the latest earlier occurrence of the context's last n-gram."""
+    name = "pld"
+
+    def __init__(self, max_ngram: int = 3, num_tokens: int = 10, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError("prompt lookup needs 1 <= min_ngram <= max_ngram")
+        if num_tokens < 1:
+            raise ValueError("prompt lookup needs num_tokens >= 1")
+        self.max_ngram, self.num_tokens, self.min_ngram = max_ngram, num_tokens, min_ngram
+
+    def propose(self, context, new_features, max_nodes):
+        t0 = time.perf_counter()
+        drafts = self.lookup(context)[: max(0, max_nodes)]
+        return Proposal(TokenTree.chain(context[-1], drafts), draft_time=time.perf_counter() - t0)
+
+    def lookup(self, context: list[int]) -> list[int]:
+        ids = np.asarray(context, dtype=np.int64)
+        n_ctx = ids.size
+        for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
+            pattern = ids[n_ctx - n:]
+            windows = np.lib.stride_tricks.sliding_window_view(ids[: n_ctx - 1], n)  # excludes the match itself
+            hits = np.flatnonzero((windows == pattern).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return ids[start: start + self.num_tokens].tolist()
+        return []
+
+
+class Drafter:
+    """Produces DART's K+1 draft logit rows for the next tree."""
+    n_rows: int
+
+    def reset(self) -> None: ...
+
+    def draft(self, context: list[int], new_features: torch.Tensor | None) -> torch.Tensor:
+        """Logits [R, Vd] for depths 1..R below the root."""
+        raise NotImplementedError
+
+    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids
+
+
+class HeadDrafter(Drafter):
+    """The trained (or random) DART head fed with the target's features and embeddings."""
+
+    def __init__(self, head: DraftHead, target):
+        head.check_target(target)
+        self.head = head.to(device=target.device)
+        self.target = target
+        self.n_rows = head.config.n_rows
+        self.cache = DraftCache()
+        weight = target.lm_head.weight
+        self.out_weight = None if head.lm_head is not None else (
+            weight if head.d2t is None else weight[head.d2t.to(weight.device)])
+
+    def reset(self):
+        self.cache = DraftCache()
+
+    @torch.inference_mode()
+    def draft(self, context, new_features):
+        P, S = self.cache.length, new_features.shape[0]
+        if P + S != len(context) - 1:
+            raise RuntimeError(f"draft cache out of step: {P} cached + {S} new != {len(context) - 1} committed")
+        ids = torch.tensor(context[P + 1:], dtype=torch.long, device=self.target.device)
+        embeds = self.target.embed_tokens(ids)
+        return self.head(new_features, embeds, self.cache, self.out_weight)[: self.n_rows]
+
+    def target_ids(self, draft_ids):
+        return self.head.target_ids(draft_ids.to(self.head.fc.weight.device))
+
+
+class DartProposer(Proposer):
+    """DART: draft logit rows from one head forward, pruned into a tree by the n-gram-guided beam search."""
+    name = "dart"
+    needs_features = True
+
+    def __init__(self, drafter: Drafter, search_config: SearchConfig | None = None,
+                 ngram: NGramModel | None = None, eos_ids=frozenset()):
+        self.drafter = drafter
+        self.search_config = (search_config or SearchConfig()).validate()
+        self.ngram = ngram
+        self.eos_ids = frozenset(eos_ids)
+
+    def reset(self):
+        self.drafter.reset()
+
+    def propose(self, context, new_features, max_nodes):
+        t0 = time.perf_counter()
+        logits = self.drafter.draft(context, new_features)                  # [R, Vd]
+        k = min(self.search_config.topk, logits.shape[-1])
+        top = logits.float().topk(k, dim=-1)
+        probs = top.values.softmax(-1)          # renormalised over the top-k, as the reference does
+        tokens = self.drafter.target_ids(top.indices)
+        rows_tokens, rows_probs = tokens.cpu().numpy(), probs.cpu().numpy()  # the one host transfer
+        t1 = time.perf_counter()
+        result = search(rows_tokens, rows_probs, context, self.search_config, self.ngram, self.eos_ids,
+                        node_budget=max_nodes)
+        t2 = time.perf_counter()
+        return Proposal(result.tree, rows_tokens, rows_probs, result.candidates, t1 - t0, t2 - t1)

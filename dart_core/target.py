@@ -1,0 +1,122 @@
+"""The target model: prefill, tree verification in one forward, feature taps, and KV cache rollback / compaction.
+
+Works on unmodified transformers causal LMs whose decoder layers live in `model.model.layers` (Llama, Qwen2,
+Qwen3, Mistral, ...). The tree mask is passed per call as a 4D boolean mask; nothing is left on the model.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from transformers import DynamicCache
+
+from .tree import TokenTree
+
+
+def tap_layer_indices(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE3 / DART feature taps: the inputs of layers 2, N//2 and N-3 (low, mid, high)."""
+    return (min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0))
+
+
+class TargetModel:
+    def __init__(self, model, tokenizer=None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config
+        try:
+            self.layers = model.model.layers
+            self.embed_tokens = model.get_input_embeddings()
+            self.lm_head = model.get_output_embeddings()
+        except AttributeError as exc:
+            raise TypeError(f"{type(model).__name__} is not a decoder-only model with model.layers") from exc
+        self.num_layers = len(self.layers)
+        self.taps = tap_layer_indices(self.num_layers)
+        self.hidden_size = int(self.config.hidden_size)
+        self.vocab_size = int(self.lm_head.weight.shape[0])
+        self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 1 << 30)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config)
+
+    # ------------------------------------------------------------------ forwards
+    @contextmanager
+    def _feature_taps(self, enabled: bool):
+        """Collect the inputs of the tap layers during one forward (hooks live only inside the block)."""
+        captured: dict[int, torch.Tensor] = {}
+        handles = []
+        if enabled:
+            for idx in sorted(set(self.taps)):
+                def hook(module, args, kwargs, idx=idx):
+                    captured[idx] = args[0] if args else kwargs["hidden_states"]
+                handles.append(self.layers[idx].register_forward_pre_hook(hook, with_kwargs=True))
+        try:
+            yield captured
+        finally:
+            for h in handles:
+                h.remove()
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor, cache: DynamicCache,
+                attention_mask: torch.Tensor | None = None, features: bool = False,
+                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """ids, position_ids: [k]. Returns logits [k or 1, V] and features [k, 3H] (or None)."""
+        with self._feature_taps(features) as captured:
+            out = self.model(input_ids=ids[None], position_ids=position_ids[None], attention_mask=attention_mask,
+                             cache=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+        feats = torch.cat([captured[i][0] for i in self.taps], dim=-1) if features else None
+        return out.logits[0], feats
+
+    def prefill(self, prompt_ids: list[int], cache: DynamicCache, features: bool = False):
+        """Run the prompt. Returns (last-position logits [V], prompt features [L, 3H] or None)."""
+        ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
+        pos = torch.arange(len(prompt_ids), device=self.device)
+        logits, feats = self.forward(ids, pos, cache, features=features, last_only=True)
+        return logits[-1], feats
+
+    def verify(self, tree: TokenTree, cache: DynamicCache, features: bool = False):
+        """Score every tree node in one forward. Node i sees the whole cache plus its own ancestors.
+
+        Returns logits [n, V] (row i predicts the token after node i) and features [n, 3H] (or None).
+        The n new KV entries are appended to the cache; `commit` keeps only the accepted ones.
+        """
+        past = cache.get_seq_length()
+        n = len(tree)
+        ids = torch.tensor(tree.tokens, dtype=torch.long, device=self.device)
+        pos = torch.tensor(tree.depths, dtype=torch.long, device=self.device) + past
+        mask = torch.ones(n, past + n, dtype=torch.bool, device=self.device)
+        mask[:, past:] = tree.ancestor_mask(self.device)
+        return self.forward(ids, pos, cache, attention_mask=mask[None, None], features=features)
+
+    # ------------------------------------------------------------------ cache edits
+    @staticmethod
+    def rollback(cache: DynamicCache, length: int) -> None:
+        """Drop every cache entry past `length`."""
+        extra = cache.get_seq_length() - length
+        if extra < 0:
+            raise ValueError(f"cannot roll back a cache of {length + extra} entries to {length}")
+        if extra:
+            cache.crop(-extra)
+
+    @staticmethod
+    def commit(cache: DynamicCache, past: int, kept_nodes: list[int]) -> None:
+        """After a verify pass at offset `past`, keep only the tree nodes `kept_nodes` (in order) after `past`."""
+        n_total = cache.get_seq_length()
+        if kept_nodes == list(range(len(kept_nodes))):  # a prefix of the nodes: a plain crop is enough
+            TargetModel.rollback(cache, past + len(kept_nodes))
+            return
+        keep = torch.tensor([past + i for i in kept_nodes], dtype=torch.long)
+        if int(keep.max()) >= n_total:
+            raise ValueError("kept node outside the verified block")
+        for layer in cache.layers:
+            idx = keep.to(layer.keys.device)
+            layer.keys = torch.cat([layer.keys[..., :past, :], layer.keys.index_select(-2, idx)], dim=-2)
+            layer.values = torch.cat([layer.values[..., :past, :], layer.values.index_select(-2, idx)], dim=-2)

@@ -1,0 +1,75 @@
+"""The draft token tree: node 0 is the root (the pending token), every other node has an earlier parent.
+
+Parents always come before children (parents[i] < i), so the tree is prefix-closed by construction: every node's
+whole path to the root is in the tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class TokenTree:
+    tokens: list[int]            # [n] token of each node; tokens[0] is the root
+    parents: list[int]           # [n] parent node index; parents[0] == -1
+    depths: list[int] = field(init=False)
+
+    def __post_init__(self):
+        if not self.tokens or len(self.tokens) != len(self.parents):
+            raise ValueError("a tree needs a root and one parent per token")
+        if self.parents[0] != -1:
+            raise ValueError("node 0 must be the root (parent -1)")
+        depths = [0]
+        for i, p in enumerate(self.parents[1:], start=1):
+            if not 0 <= p < i:
+                raise ValueError(f"node {i} has parent {p}: parents must come before their children")
+            depths.append(depths[p] + 1)
+        self.depths = depths
+
+    @classmethod
+    def chain(cls, root: int, drafts: list[int]) -> "TokenTree":
+        """A single path root -> drafts[0] -> drafts[1] ... (prompt lookup, vanilla decoding)."""
+        return cls([root, *drafts], list(range(-1, len(drafts))))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    def children(self, node: int) -> list[int]:
+        return [i for i, p in enumerate(self.parents) if p == node]
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root down to `node`, both included."""
+        path = [node]
+        while self.parents[path[-1]] != -1:
+            path.append(self.parents[path[-1]])
+        return path[::-1]
+
+    def leaves(self) -> list[int]:
+        has_child = set(self.parents[1:])
+        return [i for i in range(len(self)) if i not in has_child]
+
+    def paths(self) -> list[list[int]]:
+        """Every root-to-leaf path (the reference's retrieve_indices, without padding)."""
+        return [self.path_to(leaf) for leaf in self.leaves()]
+
+    def ancestor_mask(self, device=None) -> torch.Tensor:
+        """[n, n] bool: mask[i, j] is True iff node j is node i or one of its ancestors."""
+        n = len(self)
+        mask = torch.eye(n, dtype=torch.bool)
+        for i in range(1, n):  # a node sees what its parent sees, and itself
+            mask[i] |= mask[self.parents[i]]
+        return mask.to(device) if device is not None else mask
+
+    def to_dict(self) -> dict:
+        return {"tokens": list(self.tokens), "parents": list(self.parents)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TokenTree":
+        return cls(list(data["tokens"]), list(data["parents"]))

@@ -1,0 +1,248 @@
+"""N-gram-guided beam search: turns DART's K+1 independent logit rows into a prefix-closed draft tree.
+
+For each level l (one logit row per level) every beam entry is extended by the row's top-k tokens. A child's score
+is its parent's plus  level_weight(l) * (logit_weight(l) * ln p_draft + ngram_weight * ln p_ngram(token | path)).
+The beam keeps the best `beam_width` non-EOS sequences; every expansion goes into a pool, and the tree is the top
+`node_budget` of the pool. Every term is <= 0, so a child never outranks its parent; ties are broken shallower
+first, so the kept set is always prefix-closed (the reference's unstable sort could drop a parent on a tie).
+
+Every candidate considered is recorded with its score parts and its fate, for the trace and the visualizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from .ngram import NGramModel
+from .tree import TokenTree
+
+# Fate of a candidate in the final tree.
+KEPT, NODE_BUDGET, LOW_NGRAM = "kept", "node_budget", "low_ngram"
+FATES = (KEPT, NODE_BUDGET, LOW_NGRAM)
+# What the beam did with a candidate: extended at the next level, cut by the beam width, not extended because it
+# ends in EOS, or at the last level (nothing to extend into).
+EXPANDED, BEAM_CUT, EOS_END, LAST_LEVEL = "expanded", "beam_cut", "eos", "last_level"
+BEAM_STATES = (EXPANDED, BEAM_CUT, EOS_END, LAST_LEVEL)
+
+
+@dataclass
+class SearchConfig:
+    topk: int = 25                # candidates per logit row
+    beam_width: int = 20          # sequences extended per level
+    node_budget: int = 60         # tree nodes besides the root
+    level_exponent: float = 0.7   # level weight (l+1)^-level_exponent
+    logit_decay: float = 0.9      # logit weight logit_decay^l
+    ngram_weight: float = 0.5     # weight of ln p_ngram
+    ngram_first_level: bool = False  # the reference scores level 0 by the draft alone
+    eps: float = 1e-10            # floor inside the logs: an unseen n-gram costs ngram_weight * ln(eps)
+
+    def validate(self) -> "SearchConfig":
+        checks = [
+            (self.topk >= 1, f"topk must be >= 1, got {self.topk}"),
+            (self.beam_width >= 1, f"beam_width must be >= 1, got {self.beam_width}"),
+            (self.node_budget >= 0, f"node_budget must be >= 0, got {self.node_budget}"),
+            (self.level_exponent >= 0, f"level_exponent must be >= 0, got {self.level_exponent}"),
+            (0 < self.logit_decay <= 1, f"logit_decay must be in (0, 1], got {self.logit_decay}"),
+            (self.ngram_weight >= 0, f"ngram_weight must be >= 0, got {self.ngram_weight}"),
+            (0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        return self
+
+    def level_weight(self, level: int) -> float:
+        return (level + 1) ** -self.level_exponent
+
+    def logit_weight(self, level: int) -> float:
+        return self.logit_decay ** level
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SearchConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class Candidates:
+    """Every candidate the search considered, as columns (one entry per candidate)."""
+    token: np.ndarray        # int64
+    level: np.ndarray        # int32, 0-based (depth in the tree = level + 1)
+    parent: np.ndarray       # int32, candidate index of the parent, -1 for the root
+    draft_prob: np.ndarray   # float64, softmax over the row's top-k
+    logit_term: np.ndarray   # float64, logit_weight * ln(draft_prob)
+    ngram_prob: np.ndarray   # float64, backoff n-gram probability (nan when no n-gram term applies)
+    ngram_match: np.ndarray  # int8, context length that matched; 0 = unseen; -1 = no n-gram term
+    ngram_term: np.ndarray   # float64, ngram_weight * ln(ngram_prob), 0 when no n-gram term
+    level_weight: np.ndarray  # float64
+    score: np.ndarray        # float64, cumulative path score
+    fate: np.ndarray         # str: kept / node_budget / low_ngram
+    beam: np.ndarray         # str: expanded / beam_cut / eos / last_level
+    node: np.ndarray         # int32, tree node index of a kept candidate, else -1
+
+    def __len__(self) -> int:
+        return len(self.token)
+
+    def to_dict(self, digits: int = 6) -> dict:
+        out = {}
+        for f in fields(self):
+            col = getattr(self, f.name)
+            if col.dtype.kind == "f":
+                out[f.name] = [None if np.isnan(x) else round(float(x), digits) for x in col]
+            else:
+                out[f.name] = col.tolist()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Candidates":
+        dtypes = {"token": np.int64, "level": np.int32, "parent": np.int32, "ngram_match": np.int8,
+                  "node": np.int32, "fate": object, "beam": object}
+        cols = {}
+        for f in fields(cls):
+            values = data[f.name]
+            if f.name in dtypes:
+                cols[f.name] = np.asarray(values, dtype=dtypes[f.name])
+            else:
+                cols[f.name] = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+        return cls(**cols)
+
+
+@dataclass
+class SearchResult:
+    tree: TokenTree
+    candidates: Candidates
+    kept: np.ndarray  # candidate index of each non-root tree node, in node order (node i+1 = kept[i])
+
+
+def search(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], cfg: SearchConfig,
+           ngram: NGramModel | None = None, eos_ids: frozenset[int] | set[int] = frozenset(),
+           node_budget: int | None = None) -> SearchResult:
+    """Build the draft tree.
+
+    rows_tokens: [R, k] candidate tokens per logit row (row l gives depth l+1), best first.
+    rows_probs:  [R, k] their draft probabilities.
+    context:     committed tokens ending with the root (at least the last order-1 are used by the n-gram).
+    node_budget: overrides cfg.node_budget (e.g. when the context window leaves less room).
+    """
+    budget = cfg.node_budget if node_budget is None else min(node_budget, cfg.node_budget)
+    R, k = rows_tokens.shape
+    k = min(k, cfg.topk)
+    n_ctx = ngram.order - 1 if ngram is not None else 0
+    tail = list(context[-n_ctx:]) if n_ctx else []
+    tail = [-1] * (n_ctx - len(tail)) + tail  # [-1 pads a context shorter than the n-gram needs]
+    eos = np.asarray(sorted(eos_ids), dtype=np.int64)
+
+    cols: dict[str, list[np.ndarray]] = {name: [] for name in (
+        "token", "level", "parent", "draft_prob", "logit_term", "ngram_prob", "ngram_match", "ngram_term",
+        "level_weight", "score", "beam")}
+    beam_idx = np.asarray([-1])                        # candidate index of each beam entry's last node
+    beam_score = np.zeros(1)
+    beam_ctx = np.asarray([tail], dtype=np.int64).reshape(1, n_ctx)  # last n_ctx tokens of each beam path
+    offset = 0
+    levels = R if budget > 0 else 0
+    for level in range(levels):
+        B = len(beam_idx)
+        tok = np.broadcast_to(rows_tokens[level, :k], (B, k))
+        prob = np.broadcast_to(rows_probs[level, :k].astype(np.float64), (B, k))
+        wlev = cfg.level_weight(level)
+        logit_term = np.minimum(cfg.logit_weight(level) * np.log(prob + cfg.eps), 0.0)
+        if ngram is not None and cfg.ngram_weight > 0 and (level > 0 or cfg.ngram_first_level):
+            q, match = ngram.lookup(beam_ctx, tok)
+            ngram_term = np.minimum(cfg.ngram_weight * np.log(q + cfg.eps), 0.0)
+        else:
+            q = np.full((B, k), np.nan)
+            match = np.full((B, k), -1, dtype=np.int8)
+            ngram_term = np.zeros((B, k))
+        score = beam_score[:, None] + wlev * (logit_term + ngram_term)
+
+        flat_score = score.ravel()
+        flat_tok = tok.ravel()
+        is_eos = np.isin(flat_tok, eos)
+        # Next beam: best non-EOS sequences (ties keep the earlier, i.e. higher-ranked parent / token).
+        order = np.lexsort((-flat_score, is_eos))
+        n_next = min(cfg.beam_width, int((~is_eos).sum())) if level < levels - 1 else 0
+        survivors = order[:n_next]
+        beam_state = np.full(B * k, BEAM_CUT, dtype=object)
+        beam_state[is_eos] = EOS_END
+        if level == levels - 1:
+            beam_state[:] = LAST_LEVEL
+        beam_state[survivors] = EXPANDED
+
+        cols["token"].append(flat_tok)
+        cols["level"].append(np.full(B * k, level, dtype=np.int32))
+        cols["parent"].append(np.repeat(beam_idx, k).astype(np.int32))
+        cols["draft_prob"].append(prob.ravel())
+        cols["logit_term"].append(np.broadcast_to(logit_term, (B, k)).ravel())
+        cols["ngram_prob"].append(q.ravel())
+        cols["ngram_match"].append(match.ravel().astype(np.int8))
+        cols["ngram_term"].append(ngram_term.ravel())
+        cols["level_weight"].append(np.full(B * k, wlev))
+        cols["score"].append(flat_score)
+        cols["beam"].append(beam_state)
+
+        parent_row = survivors // k
+        if n_ctx:
+            beam_ctx = np.concatenate([beam_ctx[parent_row, 1:], flat_tok[survivors, None]], axis=1)
+        else:
+            beam_ctx = np.zeros((len(survivors), 0), dtype=np.int64)
+        beam_idx = offset + survivors
+        beam_score = flat_score[survivors]
+        offset += B * k
+        if n_next == 0:
+            break
+
+    if offset == 0:
+        empty = {name: np.zeros(0) for name in cols}
+        cand = _make_candidates(empty, np.zeros(0, dtype=np.int64), 0)
+        return SearchResult(TokenTree([int(context[-1])], [-1]), cand, np.zeros(0, dtype=np.int64))
+
+    table = {name: np.concatenate(parts) for name, parts in cols.items()}
+    # Top `budget` by score, shallower first on ties: a parent (score >= child's) always precedes its children.
+    ranking = np.lexsort((table["level"], -table["score"]))
+    kept = ranking[:budget]
+    kept = kept[np.lexsort((-table["score"][kept], table["level"][kept]))]  # node order: by depth, then score
+    cand = _make_candidates(table, kept, budget)
+    tree = _tree_from_kept(int(context[-1]), table["token"], table["parent"], kept)
+    return SearchResult(tree, cand, kept)
+
+
+def _make_candidates(table: dict, kept: np.ndarray, budget: int) -> Candidates:
+    n = len(table["token"])
+    node = np.full(n, -1, dtype=np.int32)
+    node[kept] = np.arange(1, len(kept) + 1, dtype=np.int32)
+    fate = np.full(n, NODE_BUDGET, dtype=object)
+    fate[kept] = KEPT
+    if len(kept) and len(kept) == budget:
+        # A pruned candidate is "low_ngram" when its parent is in the tree and its score without the n-gram
+        # penalty for an unseen continuation would have cleared the cut.
+        cutoff = table["score"][kept].min()
+        parent = table["parent"].astype(np.int64)
+        parent_in_tree = (parent < 0) | (node[np.maximum(parent, 0)] > 0)
+        without_ngram = table["score"] - table["level_weight"] * table["ngram_term"]
+        low = ((node < 0) & parent_in_tree & (table["ngram_match"] == 0) & (without_ngram >= cutoff))
+        fate[low] = LOW_NGRAM
+    return Candidates(
+        token=table["token"].astype(np.int64), level=table["level"].astype(np.int32),
+        parent=table["parent"].astype(np.int32), draft_prob=table["draft_prob"].astype(np.float64),
+        logit_term=table["logit_term"].astype(np.float64), ngram_prob=table["ngram_prob"].astype(np.float64),
+        ngram_match=table["ngram_match"].astype(np.int8), ngram_term=table["ngram_term"].astype(np.float64),
+        level_weight=table["level_weight"].astype(np.float64), score=table["score"].astype(np.float64),
+        fate=fate, beam=np.asarray(table["beam"], dtype=object), node=node)
+
+
+def _tree_from_kept(root: int, token: np.ndarray, parent: np.ndarray, kept: np.ndarray) -> TokenTree:
+    node_of = {-1: 0}
+    tokens, parents = [root], [-1]
+    for cand in kept.tolist():
+        p = int(parent[cand])
+        if p not in node_of:  # cannot happen with non-positive terms and depth tie-breaks; guard the invariant
+            raise AssertionError(f"tree search kept candidate {cand} without its parent {p}")
+        node_of[cand] = len(tokens)
+        tokens.append(int(token[cand]))
+        parents.append(node_of[p])
+    return TokenTree(tokens, parents)

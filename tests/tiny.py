@@ -1,0 +1,53 @@
+"""Tiny random target models and drafters built inside the tests (no downloads)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from dart_core.draft_head import DraftConfig, DraftHead
+from dart_core.proposers import Drafter
+from dart_core.target import TargetModel
+
+CONFIGS = {
+    "llama": LlamaConfig,
+    "qwen2": Qwen2Config,
+    "qwen3": Qwen3Config,
+}
+
+
+def tiny_target(family: str = "llama", vocab: int = 96, hidden: int = 64, layers: int = 6, seed: int = 0,
+                dtype=torch.float32, max_positions: int = 512, tie: bool = True) -> TargetModel:
+    torch.manual_seed(seed)
+    cfg = CONFIGS[family](
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=max_positions,
+        tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = AutoModelForCausalLM.from_config(cfg).to(dtype)
+    # Random init gives near-uniform logits; sharpen them so greedy paths have structure (and real ties are rare).
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    return TargetModel(model.eval())
+
+
+def random_head(target: TargetModel, n_mask: int = 3, seed: int = 0, **overrides) -> DraftHead:
+    cfg = DraftConfig.for_target(target.config, n_mask=n_mask, **overrides)
+    return DraftHead.random(cfg, seed=seed).to(target.dtype)
+
+
+class OracleDrafter(Drafter):
+    """Drafts exactly the target's own greedy continuation (cheating, for testing the upper bound of tau)."""
+
+    def __init__(self, target: TargetModel, n_rows: int = 4):
+        self.target, self.n_rows = target, n_rows
+
+    @torch.inference_mode()
+    def draft(self, context, new_features):
+        ids = list(context)
+        rows = torch.full((self.n_rows, self.target.vocab_size), -30.0)
+        for r in range(self.n_rows):
+            logits = self.target.model(input_ids=torch.tensor([ids])).logits[0, -1]
+            tok = int(logits.argmax())
+            rows[r, tok] = 30.0
+            ids.append(tok)
+        return rows
