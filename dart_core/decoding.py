@@ -137,3 +137,18 @@ def plain_greedy_reference(target: TargetModel, prompt_ids: list[int], max_new_t
             logits = target.model(input_ids=torch.tensor([[tok]], device=target.device), cache=cache,
                                   use_cache=True).logits[0, -1]
     return out
+
+
+def verify_once(target: TargetModel, context: list[int], tree, sampling: SamplingConfig | None = None):
+    """Verify one tree after `context` (committed tokens + root) in a fresh cache: the what-if tool's check.
+
+    Returns the Acceptance (accepted path and bonus token) the target gives that tree.
+    """
+    sampling = sampling or SamplingConfig()
+    if tree.tokens[0] != context[-1]:
+        raise ValueError("the tree's root must be the last context token")
+    cache = target.new_cache()
+    target.prefill(list(context[:-1]), cache)
+    logits, _ = target.verify(tree, cache)
+    gen = None if sampling.greedy else sampling.make_generator()
+    return accept(tree, logits, sampling, gen)
