@@ -2,4 +2,8 @@
 
 
 def register(sub) -> None:
-    pass
+    from . import bench, ngram_build, train_cli
+
+    ngram_build.register(sub)
+    bench.register(sub)
+    train_cli.register(sub)

@@ -1,0 +1,317 @@
+"""Training the DART draft head on precomputed target features (see train_data.py).
+
+Each step takes one sequence, picks up to `anchors` positions in its response, gives each its K mask slots (one
+block-masked forward for all of them, `DraftHead.forward_train`), and scores row r of anchor p against the target's
+own top-k distribution at position p+1+r (soft cross-entropy, per-row weights decaying with depth).
+
+Held-out metrics: per-row top-1 agreement with the target's argmax, and two acceptance estimates: the greedy chain
+(tau if the tree were the argmax of each row) and a top-3 bound (tau if every row's top 3 were all in the tree).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from .draft_head import DraftConfig, DraftHead
+from .target import TargetModel
+
+
+@dataclass
+class TrainConfig:
+    n_mask: int = 5
+    draft_vocab: int = 8192          # 0 = the full target vocabulary
+    anchors: int = 64                # anchor positions per sequence per step
+    accumulate: int = 4              # sequences per optimizer step
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    row_decay: float = 0.8           # loss weight of row r: row_decay ** r
+    warmup: int = 100
+    max_steps: int = 10_000          # optimizer steps (the schedule length)
+    minutes: float = 0.0             # stop after this long (0 = no limit); the schedule still uses max_steps
+    eval_every: int = 200
+    heldout: float = 0.03
+    seed: int = 0
+    bf16: bool = True                # autocast matmuls to bf16 (fast on CPUs with AMX)
+
+
+# ---------------------------------------------------------------------------------------------- preparation
+def choose_draft_vocab(seqs: list[dict], size: int, must_include=()) -> torch.Tensor:
+    """The `size` most frequent target-argmax tokens of the responses (plus stop ids), as d2t: draft -> target."""
+    counts = torch.zeros(int(max(int(s["label_ids"].max()) for s in seqs)) + 1, dtype=torch.long)
+    for s in seqs:
+        labels = s["label_ids"][s["prompt_len"] - 1:, 0].long()
+        counts += torch.bincount(labels, minlength=counts.numel())[: counts.numel()]
+    order = torch.argsort(counts, descending=True)
+    chosen = [int(t) for t in must_include]
+    for t in order.tolist():
+        if len(chosen) >= size:
+            break
+        if t not in chosen:
+            chosen.append(t)
+    return torch.tensor(sorted(chosen[:size]), dtype=torch.long)
+
+
+def vocab_coverage(seqs: list[dict], d2t: torch.Tensor, vocab_size: int) -> float:
+    """Share of the responses' target-argmax tokens that the draft vocabulary contains."""
+    inside = torch.zeros(vocab_size, dtype=torch.bool)
+    inside[d2t] = True
+    hit = total = 0
+    for s in seqs:
+        labels = s["label_ids"][s["prompt_len"] - 1:, 0].long()
+        hit += int(inside[labels].sum())
+        total += labels.numel()
+    return hit / max(total, 1)
+
+
+@torch.no_grad()
+def init_from_target(head: DraftHead, target: TargetModel) -> None:
+    """Start the draft layer as a copy of the target's last decoder layer (the feature half of q/k/v)."""
+    H = head.config.hidden_size
+    last = target.layers[-1]
+    attn, mlp = last.self_attn, last.mlp
+    for name in ("q_proj", "k_proj", "v_proj"):
+        src = getattr(attn, name).weight
+        dst = getattr(head, name).weight
+        if dst.shape == (src.shape[0], 2 * H):
+            dst[:, H:] = src.to(dst.dtype)
+            dst[:, :H].normal_(std=0.02)
+    if head.o_proj.weight.shape == attn.o_proj.weight.shape:
+        head.o_proj.weight.copy_(attn.o_proj.weight)
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        if getattr(head, name).weight.shape == getattr(mlp, name).weight.shape:
+            getattr(head, name).weight.copy_(getattr(mlp, name).weight)
+    head.post_attn_norm.weight.copy_(last.post_attention_layernorm.weight)
+    head.final_norm.weight.copy_(target.model.model.norm.weight)
+    if head.lm_head is not None:
+        rows = target.lm_head.weight if head.d2t is None else target.lm_head.weight[head.d2t]
+        head.lm_head.weight.copy_(rows)
+
+
+@torch.no_grad()
+def set_feature_stats(head: DraftHead, seqs: list[dict], sample: int = 200) -> None:
+    feats = torch.cat([s["features"].float() for s in seqs[:sample]])
+    head.feature_mean.copy_(feats.mean(0))
+    head.feature_std.copy_(feats.std(0).clamp_min(1e-3))
+
+
+# ---------------------------------------------------------------------------------------------- one sequence
+def sequence_batch(seq: dict, n_rows: int, n_anchors: int, rng: random.Random, t2d: torch.Tensor | None):
+    """Anchors and targets for one sequence. Row r of anchor p predicts the token at p+2+r, whose target
+    distribution is the target's output at position p+1+r."""
+    T, start = seq["ids"].numel(), seq["prompt_len"] - 1
+    valid = list(range(max(start, 0), T - 2))  # anchor p: committed through p, the root x_{p+1} is a response token
+    if not valid:
+        return None
+    anchors = torch.tensor(sorted(rng.sample(valid, min(n_anchors, len(valid)))))
+    pos = anchors[:, None] + 1 + torch.arange(n_rows)[None]          # [A, R]
+    row_ok = pos <= T - 1
+    pos = pos.clamp(max=T - 1)
+    label_ids = seq["label_ids"].long()[pos]                           # [A, R, k]
+    label_probs = seq["label_probs"].float()[pos]
+    if t2d is not None:
+        label_ids = t2d[label_ids]
+        label_probs = label_probs * (label_ids >= 0)
+        label_ids = label_ids.clamp_min(0)
+    argmax_in_vocab = label_probs[..., 0] > 0
+    label_probs = label_probs / label_probs.sum(-1, keepdim=True).clamp_min(1e-8)
+    mass_ok = label_probs.sum(-1) > 0
+    return {"anchors": anchors, "label_ids": label_ids, "label_probs": label_probs,
+            "weight_mask": row_ok & mass_ok, "argmax": label_ids[..., 0], "argmax_ok": row_ok & argmax_in_vocab,
+            "row_ok": row_ok, "T": T}
+
+
+def head_logits(head: DraftHead, target: TargetModel, seq: dict, anchors: torch.Tensor,
+                out_weight: torch.Tensor | None) -> torch.Tensor:
+    ids = seq["ids"].long()
+    T = ids.numel()
+    n = int(anchors.max()) + 1                       # positions past the last anchor are never attended to
+    feats = seq["features"][:n].float()
+    with torch.no_grad():
+        embeds = target.embed_tokens(ids[1:n + 1].to(target.device)).float()
+    assert n + 1 <= T
+    return head.forward_train(feats, embeds, anchors, out_weight)     # [A, R, Vd]
+
+
+def row_stats(logits: torch.Tensor, batch: dict) -> dict:
+    """Per-row top-1 hits, and per-anchor consecutive-correct counts for top-1 and top-3."""
+    top3 = logits.topk(3, dim=-1).indices                              # [A, R, 3]
+    ok = batch["argmax_ok"]
+    hit1 = (top3[..., 0] == batch["argmax"]) & ok
+    hit3 = (top3 == batch["argmax"][..., None]).any(-1) & ok
+    full = batch["row_ok"].all(-1)                                     # anchors with every row inside the text
+    return {"hit1": hit1[full].float().sum(0), "rows": full.sum(),
+            "chain1": hit1[full].int().cumprod(-1).sum(-1).float().sum(),
+            "chain3": hit3[full].int().cumprod(-1).sum(-1).float().sum()}
+
+
+def soft_ce(logits: torch.Tensor, batch: dict, row_weights: torch.Tensor) -> torch.Tensor:
+    logp = F.log_softmax(logits.float(), dim=-1)                       # [A, R, Vd]
+    per = -(batch["label_probs"] * logp.gather(-1, batch["label_ids"])).sum(-1)  # [A, R]
+    w = row_weights[None] * batch["weight_mask"]
+    return (per * w).sum() / w.sum().clamp_min(1e-8)
+
+
+# ---------------------------------------------------------------------------------------------- loop
+class Trainer:
+    def __init__(self, target: TargetModel, stats_seqs: list[dict], heldout: list[dict], cfg: TrainConfig,
+                 out_dir, stop_ids=()):
+        """stats_seqs: sequences used to choose the draft vocabulary and the feature statistics;
+        heldout: sequences never trained on, for the metrics."""
+        self.target, self.cfg, self.out = target, cfg, Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.heldout = heldout
+        vocab = target.vocab_size
+        if cfg.draft_vocab and cfg.draft_vocab < vocab:
+            d2t = choose_draft_vocab(stats_seqs, cfg.draft_vocab, stop_ids)
+            self.coverage = vocab_coverage(heldout, d2t, vocab)
+        else:
+            d2t, self.coverage = None, 1.0
+        dcfg = DraftConfig.for_target(target.config, n_mask=cfg.n_mask, tie_output=False,
+                                      draft_vocab_size=None if d2t is None else len(d2t), standardize_features=True)
+        torch.manual_seed(cfg.seed)
+        self.head = DraftHead(dcfg)
+        if d2t is not None:
+            self.head.d2t.copy_(d2t)
+        init_from_target(self.head, target)
+        set_feature_stats(self.head, stats_seqs)
+        self.head.train()
+        self.t2d = None
+        if d2t is not None:
+            self.t2d = torch.full((vocab,), -1, dtype=torch.long)
+            self.t2d[d2t] = torch.arange(len(d2t))
+        self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.row_weights = cfg.row_decay ** torch.arange(cfg.n_mask + 1, dtype=torch.float32)
+        self.step = 0
+        self.tokens_seen = 0
+        self.sequences_seen = 0
+        self.best = -1.0
+        self.history: list[dict] = []
+        self.rng = random.Random(cfg.seed + 1)
+
+    # schedule: linear warmup, cosine to 10%
+    def lr_at(self, step: int) -> float:
+        c = self.cfg
+        if step < c.warmup:
+            return c.lr * (step + 1) / c.warmup
+        frac = min(1.0, (step - c.warmup) / max(1, c.max_steps - c.warmup))
+        return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    def _autocast(self):
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16 and self.target.device.type == "cpu")
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        self.head.eval()
+        R = self.cfg.n_mask + 1
+        tot = {"hit1": torch.zeros(R), "rows": 0, "chain1": 0.0, "chain3": 0.0}
+        rng = random.Random(1234)
+        for seq in self.heldout:
+            batch = sequence_batch(seq, R, self.cfg.anchors, rng, self.t2d)
+            if batch is None:
+                continue
+            with self._autocast():
+                logits = head_logits(self.head, self.target, seq, batch["anchors"], None)
+            st = row_stats(logits, batch)
+            for k in tot:
+                tot[k] = tot[k] + st[k]
+        self.head.train()
+        n = max(int(tot["rows"]), 1)
+        return {"row_top1": [round(float(x) / n, 4) for x in tot["hit1"]],
+                "chain_tau": round(1 + float(tot["chain1"]) / n, 4),
+                "top3_tau_bound": round(1 + float(tot["chain3"]) / n, 4), "anchors": n}
+
+    def save(self, directory, metrics: dict, command: str = "") -> None:
+        head = self.head
+        head.config.extra = {"command": command, "commit": _git_commit(), "steps": self.step,
+                             "tokens_seen": self.tokens_seen, "sequences_seen": self.sequences_seen,
+                             "heldout_sequences": len(self.heldout), "vocab_coverage": round(self.coverage, 4),
+                             "heldout": metrics, "train_config": self.cfg.__dict__}
+        head.save(directory)
+        (Path(directory) / "metrics.json").write_text(json.dumps(head.config.extra, indent=2))
+
+    def checkpoint(self) -> None:
+        torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                    "tokens_seen": self.tokens_seen, "best": self.best, "sequences_seen": self.sequences_seen, "history": self.history,
+                    "rng": self.rng.getstate()}, self.out / "ckpt.tmp")
+        (self.out / "ckpt.tmp").rename(self.out / "ckpt.pt")
+
+    def resume(self) -> bool:
+        path = self.out / "ckpt.pt"
+        if not path.is_file():
+            return False
+        state = torch.load(path, weights_only=False)
+        self.head.load_state_dict(state["head"])
+        self.opt.load_state_dict(state["opt"])
+        self.step, self.tokens_seen, self.best = state["step"], state["tokens_seen"], state["best"]
+        self.sequences_seen = state["sequences_seen"]
+        self.history, _ = state["history"], self.rng.setstate(state["rng"])
+        return True
+
+    def fit(self, next_sequence, command: str = "") -> dict:
+        """Train until max_steps or the time limit. next_sequence(i) returns the i-th training sequence
+        (sequences are counted across resumes, so a resumed run continues with fresh data)."""
+        c = self.cfg
+        R = c.n_mask + 1
+        deadline = time.time() + c.minutes * 60 if c.minutes else math.inf
+        running = {"loss": 0.0, "hit0": 0.0, "chain": 0.0}
+        bar = tqdm(total=c.max_steps, initial=self.step, desc="training head", unit="step")
+        metrics = self.history[-1] if self.history else {}
+        while self.step < c.max_steps and time.time() < deadline:
+            for group in self.opt.param_groups:
+                group["lr"] = self.lr_at(self.step)
+            self.opt.zero_grad(set_to_none=True)
+            for _ in range(c.accumulate):
+                seq = next_sequence(self.sequences_seen)
+                self.sequences_seen += 1
+                batch = sequence_batch(seq, R, c.anchors, self.rng, self.t2d)
+                if batch is None:
+                    continue
+                with self._autocast():
+                    logits = head_logits(self.head, self.target, seq, batch["anchors"], None)
+                loss = soft_ce(logits, batch, self.row_weights) / c.accumulate
+                loss.backward()
+                self.tokens_seen += int(batch["anchors"].numel())
+                st = row_stats(logits.detach(), batch)
+                n = max(int(st["rows"]), 1)
+                running["loss"] = 0.98 * running["loss"] + 0.02 * float(loss.detach()) * c.accumulate
+                running["hit0"] = 0.98 * running["hit0"] + 0.02 * float(st["hit1"][0]) / n
+                running["chain"] = 0.98 * running["chain"] + 0.02 * (1 + float(st["chain1"]) / n)
+            torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
+            self.opt.step()
+            self.step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{running['loss']:.3f}", row0=f"{running['hit0']:.2f}",
+                            chain_tau=f"{running['chain']:.2f}")
+            if self.step % c.eval_every == 0:
+                metrics = self._eval_and_keep(command)
+        bar.close()
+        metrics = self._eval_and_keep(command)
+        return {"best_chain_tau": self.best, "last": metrics, "steps": self.step}
+
+    def _eval_and_keep(self, command: str) -> dict:
+        metrics = {"step": self.step, **self.evaluate()}
+        self.history.append(metrics)
+        tqdm.write(f"[eval] step {self.step}: {json.dumps(metrics)}")
+        if metrics["chain_tau"] > self.best:
+            self.best = metrics["chain_tau"]
+            self.save(self.out / "best", metrics, command)
+        self.checkpoint()
+        return metrics
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""

@@ -1,0 +1,121 @@
+"""`python -m dart_core train ...` and `python -m dart_core train-data ...`: the draft head's training commands.
+
+train-data generate: answer ShareGPT prompts with the target itself (jsonl, resumable).
+train:               train a head on those responses plus ShareGPT conversations as written, with the target's
+                     features and labels computed on the fly, so no sequence is seen more than once per pass.
+                     Checkpoints every eval; `--resume` continues a stopped run with fresh sequences.
+"""
+
+from __future__ import annotations
+
+import random
+import shlex
+import sys
+from pathlib import Path
+
+from .cli import CliError, add_model_args
+
+
+def register(sub) -> None:
+    g = sub.add_parser("train-data", help="generate target responses to ShareGPT prompts (training data)")
+    g.add_argument("action", choices=["generate"])
+    g.add_argument("--model", default="default")
+    g.add_argument("--out", required=True, help="jsonl file (appended; an interrupted run resumes)")
+    g.add_argument("--limit", type=int, default=2000, help="prompts to answer")
+    g.add_argument("--batch-size", type=int, default=32)
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--dtype", default="bf16")
+    g.set_defaults(handler=cmd_train_data)
+
+    t = sub.add_parser("train", help="train a DART draft head")
+    add_model_args(t)
+    t.set_defaults(dtype="bf16")
+    t.add_argument("--responses", action="append", default=[], help="jsonl from train-data generate (repeatable)")
+    t.add_argument("--sharegpt", type=int, default=20000, help="ShareGPT conversations as written (0 = none)")
+    t.add_argument("--max-tokens", type=int, default=512, help="tokens per training sequence at most")
+    t.add_argument("--heldout", type=int, default=48, help="sequences kept out of training for the metrics")
+    t.add_argument("--out", required=True, help="run folder: checkpoints, and best/ (the head to ship)")
+    t.add_argument("--minutes", type=float, default=0.0, help="stop after this long (0 = run the schedule)")
+    t.add_argument("--steps", type=int, default=1200, help="optimizer steps in the schedule")
+    t.add_argument("--n-mask", type=int, default=5)
+    t.add_argument("--draft-vocab", type=int, default=8192, help="0 = the full target vocabulary")
+    t.add_argument("--anchors", type=int, default=64)
+    t.add_argument("--accumulate", type=int, default=4)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--row-decay", type=float, default=0.8)
+    t.add_argument("--eval-every", type=int, default=100)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--resume", action="store_true")
+    t.set_defaults(handler=cmd_train)
+
+
+def _load(model: str, dtype: str):
+    from .loading import load_target, stop_ids
+
+    target = load_target(model, "cpu", dtype)
+    return target, stop_ids(target)
+
+
+def cmd_train_data(args) -> int:
+    from .train_data import generate_responses
+
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise CliError(f"cannot write {out}: folder {out.parent} does not exist")
+    target, stops = _load(args.model, args.dtype)
+    n = generate_responses(target.model, target.tokenizer, out, limit=args.limit, batch_size=args.batch_size,
+                           max_new_tokens=args.max_new_tokens, stop_ids=stops)
+    print(f"wrote {n} responses to {out}")
+    return 0
+
+
+def training_records(tokenizer, responses: list[str], sharegpt: int, max_tokens: int, seed: int) -> list[dict]:
+    from .train_data import read_jsonl, sharegpt_sequences
+
+    records = []
+    for path in responses:
+        if not Path(path).is_file():
+            raise CliError(f"responses file not found: {path}")
+        records.extend(r for r in read_jsonl(path) if r.get("response_ids"))
+    for r in records:  # keep sequences within the budget
+        r["response_ids"] = r["response_ids"][: max(1, max_tokens - len(r["prompt_ids"]))]
+    used = {r["id"] for r in records}
+    if sharegpt:
+        records.extend(sharegpt_sequences(tokenizer, used, sharegpt, max_tokens, seed))
+    random.Random(seed).shuffle(records)
+    return records
+
+
+def cmd_train(args) -> int:
+    from .train import Trainer, TrainConfig
+    from .train_data import sequence_example
+
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create {out}: {exc.strerror}") from None
+    cfg = TrainConfig(n_mask=args.n_mask, draft_vocab=args.draft_vocab, anchors=args.anchors,
+                      accumulate=args.accumulate, lr=args.lr, row_decay=args.row_decay, max_steps=args.steps,
+                      minutes=args.minutes, eval_every=args.eval_every, seed=args.seed,
+                      warmup=min(100, max(1, args.steps // 20)))
+    target, stops = _load(args.model, args.dtype)
+    records = training_records(target.tokenizer, args.responses, args.sharegpt, args.max_tokens, args.seed)
+    if len(records) <= args.heldout + 1:
+        raise CliError(f"only {len(records)} training sequences: need more than --heldout {args.heldout}")
+    heldout_recs, train_recs = records[: args.heldout], records[args.heldout:]
+    print(f"[train] {len(train_recs)} training sequences, {len(heldout_recs)} held out", flush=True)
+
+    def example(rec):
+        return sequence_example(target, rec["prompt_ids"], rec["response_ids"])
+
+    heldout = [example(r) for r in heldout_recs]
+    stats = [example(r) for r in train_recs[:160]]
+    trainer = Trainer(target, stats, heldout, cfg, out, stop_ids=stops)
+    if args.resume and trainer.resume():
+        print(f"[train] resumed at step {trainer.step} ({trainer.sequences_seen} sequences seen)", flush=True)
+    print(f"[train] draft vocabulary covers {trainer.coverage:.1%} of held-out target tokens", flush=True)
+    command = "python -m dart_core " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    result = trainer.fit(lambda i: example(train_recs[i % len(train_recs)]), command)
+    print(f"[train] done: {result}", flush=True)
+    return 0

