@@ -1,0 +1,422 @@
+"""The app's event handlers, without the layout: each takes the session and plain input values and returns (or
+yields) a dict of output name -> value, which `app.ui` maps onto components. Tested without a browser.
+
+Rules kept here: bad input shows a warning and a message box, never a traceback; the only shared object is the
+engine given to `Callbacks`; everything per user is in the `Session` passed in.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import gradio as gr
+
+from dart_core.acceptance import SamplingConfig
+from dart_core.trace import Trace, TraceError
+
+from . import figures
+from .engine import Engine, EngineError
+from .lanes import DONE, ERROR, LANE_ORDER, LANE_TITLES, STOPPED, Lane, lane_stats, lane_status_text, \
+    replay_lane, round_robin
+from .options import OptionError, check_knob, check_prompt, sampling_from, search_from
+from .pruning import fate_counts, pruning_table
+from .session import Session
+from .text_render import lane_html, lane_text_html, token_text
+from .whatif import HOW_TEXT, WhatIfError, is_greedy, what_if
+
+log = logging.getLogger(__name__)
+
+LANE_OUTPUTS = {key: f"lane_{key}" for key in LANE_ORDER}
+STEP_OUTPUTS = ("step", "step_info", "tree", "table", "heatmap")
+CHART_OUTPUTS = ("chart_accept", "chart_position", "chart_time")
+WHATIF_KNOBS = ("node_budget", "beam_width", "topk", "ngram_weight", "level_exponent", "logit_decay")
+WHATIF_OUTPUTS = tuple(f"wi_{k}" for k in WHATIF_KNOBS)
+CHART_EVERY = 4          # refresh the run charts every this many steps of the viewed lane while generating
+MAX_TRACE_BYTES = 64 << 20
+
+
+def message_html(text: str = "", kind: str = "error") -> str:
+    if not text:
+        return ""
+    return f'<div class="msg-box msg-{kind}" role="alert">{html.escape(text)}</div>'
+
+
+def warn(text: str) -> dict:
+    """Show a warning toast and the message box (the text is escaped: gr.Warning renders HTML)."""
+    gr.Warning(html.escape(text))
+    return {"message": message_html(text)}
+
+
+class Callbacks:
+    def __init__(self, engine: Engine, trace_dir: str | Path | None = None):
+        self.engine = engine
+        self.trace_dir = Path(trace_dir) if trace_dir else Path(tempfile.gettempdir()) / "dart-lab-traces"
+
+    # ------------------------------------------------------------------ views
+    def lane_card(self, session: Session, key: str) -> str:
+        lane = session.lanes.get(key)
+        title = LANE_TITLES[key]
+        if lane is None:
+            return lane_html(key, title, "idle", [], '<pre class="lane-text lane-empty">Run a prompt to fill this '
+                                                      'lane.</pre>')
+        body = lane_text_html(lane.trace, key, frozenset(lane.trace.settings.get("stop_ids", ())))
+        return lane_html(key, title, lane_status_text(lane), lane_stats(lane, session.lanes.get("vanilla")), body)
+
+    def lane_cards(self, session: Session) -> dict:
+        out = {LANE_OUTPUTS[k]: self.lane_card(session, k) for k in LANE_ORDER}
+        out[LANE_OUTPUTS["pld"]] = gr.update(value=out[LANE_OUTPUTS["pld"]], visible="pld" in session.lanes)
+        return out
+
+    def summary(self, session: Session) -> str:
+        plain, dart = session.lanes.get("vanilla"), session.lanes.get("dart")
+        if not plain or not dart or not plain.tokens_per_s or not dart.tokens_per_s:
+            return ""
+        parts = [f"DART {dart.tokens_per_s:.1f} tok/s vs plain {plain.tokens_per_s:.1f} tok/s: "
+                 f"speedup {dart.tokens_per_s / plain.tokens_per_s:.2f}×, τ {dart.metrics.tau:.2f}"]
+        pld = session.lanes.get("pld")
+        if pld and pld.tokens_per_s:
+            parts.append(f"prompt lookup {pld.tokens_per_s / plain.tokens_per_s:.2f}×")
+        if plain.finished and dart.finished and plain.trace.output_ids != dart.trace.output_ids:
+            if is_greedy(dart.trace) and dart.status == DONE and plain.status == DONE:
+                parts.append("note: the outputs differ (greedy decoding should match; numerical ties can do this)")
+        return f'<div class="summary">{html.escape(" · ".join(parts))}</div>'
+
+    def step_view(self, session: Session, key: str | None, index, show_pruned: bool = False) -> dict:
+        """Slider, step info, tree, pruning table and draft rows of one step of one lane."""
+        lane = session.lane(key)
+        if lane is None or not lane.trace.steps:
+            empty = figures.message_figure("Run a prompt or upload a trace to see its steps.")
+            return {"step": gr.update(maximum=1, value=0), "step_info": "", "tree": empty,
+                    "table": pruning_table(Trace("dart", []), 0), "heatmap": empty}
+        n = len(lane.trace.steps)
+        try:
+            i = min(max(int(index), 0), n - 1)
+        except (TypeError, ValueError):
+            i = n - 1
+        trace = lane.trace
+        return {"step": gr.update(maximum=max(n - 1, 1), value=i), "step_info": self.step_info(lane, i),
+                "tree": figures.tree_figure(trace, i, bool(show_pruned)), "table": pruning_table(trace, i),
+                "heatmap": figures.rows_heatmap(trace, i)}
+
+    def step_info(self, lane: Lane, i: int) -> str:
+        step, trace = lane.trace.steps[i], lane.trace
+        emitted = "".join(token_text(trace, t) for t in step.new_tokens)
+        bits = [f"<b>{html.escape(LANE_TITLES.get(lane.key, lane.key))} · step {i}</b> of {len(trace.steps) - 1}"]
+        if step.kind == "prefill":
+            bits.append("prefill: the target read the prompt and chose the first token")
+        else:
+            bits.append(f"{len(step.tree) - 1 if step.tree else 0} draft nodes, {step.accepted} accepted")
+        bits.append(f'emitted <code class="emitted">{html.escape(emitted)}</code>')
+        timing = " · ".join(f"{k} {v * 1000:.0f} ms" for k, v in step.timings.items())
+        if timing:
+            bits.append(html.escape(timing))
+        counts = fate_counts(trace, i)
+        if counts:
+            bits.append("candidates: " + html.escape(", ".join(f"{k} {v}" for k, v in counts.items())))
+        if step.stop_reason:
+            bits.append(f"stopped: {html.escape(step.stop_reason)}")
+        return '<div class="step-info">' + " · ".join(bits) + "</div>"
+
+    def charts(self, session: Session, key: str | None) -> dict:
+        traces = {k: lane.trace for k, lane in session.lanes.items()}
+        lane = session.lane(key)
+        return {"chart_accept": figures.accepted_length_figure(traces),
+                "chart_position": figures.acceptance_by_position_figure(traces),
+                "chart_time": figures.time_split_figure(lane.trace, lane.key) if lane else
+                figures.message_figure("no run yet")}
+
+    def lane_pick(self, session: Session, key: str | None = None) -> dict:
+        keys = list(session.lanes)
+        value = key if key in keys else session.default_lane()
+        return {"lane": gr.update(choices=[(LANE_TITLES[k], k) for k in keys], value=value)}
+
+    def whatif_knobs(self, session: Session) -> dict:
+        lane = session.lane("dart")
+        search = lane.trace.settings.get("search") if lane else None
+        if not isinstance(search, dict):
+            return {}
+        out = {}
+        for k in WHATIF_KNOBS:
+            try:
+                out[f"wi_{k}"] = check_knob(k, search.get(k))
+            except OptionError:
+                continue
+        return out
+
+    def full_view(self, session: Session, show_pruned: bool = False, keep_step: bool = False) -> dict:
+        """Every output for the session's current lanes. The step view jumps to the newest step of the default
+        lane, unless `keep_step` (the user picked a step during the run: leave it, only widen the slider)."""
+        key = session.default_lane()
+        index = len(session.lane(key).trace.steps) - 1 if key else 0
+        out = {"state": session, **self.lane_cards(session), "summary": self.summary(session),
+               **self.charts(session, key), "downloads": self.save_traces(session), "follow": session.follow}
+        if keep_step:
+            out["step"] = gr.update(maximum=max(index, 1))
+        else:
+            out.update(self.lane_pick(session, key))
+            out.update(self.step_view(session, key, index, show_pruned))
+        return out
+
+    def save_traces(self, session: Session) -> list[str] | None:
+        """Write each lane's trace as JSON for download; None when there is nothing to save."""
+        lanes = [lane for lane in session.lanes.values() if lane.trace.steps]
+        if not lanes:
+            return None
+        if session.trace_folder:  # keep only the session's latest traces on disk (they are megabytes each)
+            shutil.rmtree(session.trace_folder, ignore_errors=True)
+        folder = Path(tempfile.mkdtemp(prefix="run-", dir=_ensure(self.trace_dir)))
+        session.trace_folder = str(folder)
+        paths = []
+        for lane in lanes:
+            trace = lane.trace
+            self.engine.name_tokens(trace, trace.mentioned_tokens())
+            if lane.own_time > 0:
+                trace.settings["lane_time_s"] = round(lane.own_time, 6)
+            path = folder / f"{lane.key}-trace.json"
+            trace.save(path)
+            paths.append(str(path))
+        return paths
+
+    # ------------------------------------------------------------------ events
+    def init_session(self) -> Session:
+        return Session()
+
+    def run(self, session: Session | None, prompt, use_pld, temperature, top_p, top_k, max_new_tokens, seed,
+            node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay,
+            show_pruned=False) -> Iterator[dict]:
+        """Generate with plain decoding and DART (and prompt lookup), interleaved step by step."""
+        session = session or Session()
+        try:
+            if not self.engine.can_generate:
+                raise EngineError("Replay mode: no model is loaded, so nothing can be generated. "
+                                  "Upload a saved trace to explore it.")
+            prompt = check_prompt(prompt)
+            sampling = sampling_from(temperature, top_p, top_k, seed)
+            max_new = check_knob("max_new_tokens", max_new_tokens)
+            search = search_from(node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay)
+            prompt_ids = self.engine.encode(prompt)
+        except (OptionError, EngineError, ValueError) as exc:
+            yield {"state": session, **warn(str(exc))}
+            return
+        methods = ["vanilla", "dart"] + (["pld"] if use_pld else [])
+        lanes = []
+        for method in methods:
+            trace = self.engine.new_trace(method, prompt_ids, prompt, sampling, search, max_new)
+            steps = self.engine.steps(method, prompt_ids, sampling, search, max_new)
+            lanes.append(Lane(method, trace, steps, on_step=self.engine.name_step))
+        session.new_run(lanes)
+        session.running = True
+        stop = session.stop
+        view_key = "dart"
+        yield {**self.full_view(session, show_pruned), "message": "", "run_btn": gr.update(interactive=False),
+               "downloads": None}
+        counts = dict.fromkeys(methods, 0)
+        try:
+            for lane, step in round_robin(lanes, stop, self.engine.lock):
+                out = {LANE_OUTPUTS[lane.key]: self.lane_card(session, lane.key)}
+                if lane.key == "vanilla" and "dart" in session.lanes:  # DART's speedup depends on plain's rate
+                    out[LANE_OUTPUTS["dart"]] = self.lane_card(session, "dart")
+                if lane.status == ERROR:
+                    out.update(warn(f"{LANE_TITLES[lane.key]} failed: {lane.error}"))
+                counts[lane.key] += 1
+                if step is not None and lane.key == view_key:
+                    if session.follow:
+                        out.update(self.step_view(session, view_key, step.index, show_pruned))
+                    else:
+                        out["step"] = gr.update(maximum=max(len(lane.trace.steps) - 1, 1))
+                    if counts[lane.key] % CHART_EVERY == 0:
+                        out.update(self.charts(session, view_key))
+                out["summary"] = self.summary(session)
+                yield out
+        finally:
+            session.running = False
+        if stop.is_set():
+            return  # the Stop or Clear handler shows the final state
+        yield {**self.full_view(session, show_pruned, keep_step=not session.follow),
+               "run_btn": gr.update(interactive=True), **self.whatif_knobs(session)}
+
+    def stop(self, session: Session | None, show_pruned=False) -> dict:
+        """Stop the run (the run event is also cancelled): the current step finishes, no further step starts."""
+        if session is None:
+            return {"run_btn": gr.update(interactive=True)}
+        was_running = session.running
+        session.stop.set()
+        # Wait for the step in flight (it holds the engine lock), so the view shows every step that was made.
+        if self.engine.lock.acquire(timeout=30):
+            self.engine.lock.release()
+        for lane in session.lanes.values():
+            if lane.status not in (DONE, ERROR) and not lane.finished:
+                lane.status = STOPPED
+        session.running = False
+        return {**self.full_view(session, show_pruned, keep_step=not session.follow),
+                "run_btn": gr.update(interactive=True),
+                "message": message_html("Stopped. Everything generated so far can be explored and downloaded.",
+                                        "info") if was_running else ""}
+
+    def clear(self, session: Session | None) -> dict:
+        session = session or Session()
+        session.stop.set()
+        session.new_run([])
+        session.running = False
+        empty = figures.message_figure("Run a prompt or upload a trace to see its steps.")
+        out = {**self.full_view(session), "prompt": "", "message": "", "run_btn": gr.update(interactive=True),
+               "wi_tree": empty, "wi_info": ""}
+        return out
+
+    def show_step(self, session: Session | None, key, index, show_pruned=False) -> dict:
+        if session is None:
+            return self.step_view(Session(), None, 0)
+        return self.step_view(session, key, index, show_pruned)
+
+    def move_step(self, session: Session | None, key, index, delta: int, show_pruned=False) -> dict:
+        """Prev / next: also stops following the newest step while generating."""
+        if session is None:
+            return self.step_view(Session(), None, 0)
+        session.follow = False
+        try:
+            index = int(index) + delta
+        except (TypeError, ValueError):
+            index = 0
+        return {**self.step_view(session, key, index, show_pruned), "follow": False}
+
+    def pick_step(self, session: Session | None, key, index, show_pruned=False) -> dict:
+        """The user moved the slider: show that step and stop following the newest one."""
+        if session is None:
+            return self.step_view(Session(), None, 0)
+        session.follow = False
+        return {**self.step_view(session, key, index, show_pruned), "follow": False}
+
+    def pick_lane(self, session: Session | None, key, show_pruned=False) -> dict:
+        if session is None or session.lane(key) is None:
+            return self.step_view(Session(), None, 0)
+        lane = session.lane(key)
+        return {**self.step_view(session, lane.key, len(lane.trace.steps) - 1, show_pruned),
+                "chart_time": figures.time_split_figure(lane.trace, lane.key)}
+
+    def set_follow(self, session: Session | None, follow) -> None:
+        if session is not None:
+            session.follow = bool(follow)
+
+    def token_click(self, session: Session | None, data, show_pruned=False) -> dict:
+        """A token in a lane was clicked: open its lane and step."""
+        if session is None or not isinstance(data, dict):
+            return {}
+        key, index = data.get("lane"), data.get("step")
+        if key not in session.lanes:
+            return {}
+        try:
+            index = int(index)
+        except (TypeError, ValueError):
+            return {}
+        session.follow = False
+        return {**self.lane_pick(session, key), **self.step_view(session, key, index, show_pruned), "follow": False}
+
+    def upload(self, session: Session | None, files, show_pruned=False) -> dict:
+        """Replay saved traces (one per lane; a lane is chosen by the trace's method)."""
+        session = session or Session()
+        paths = [files] if isinstance(files, (str, Path)) else list(files or [])
+        if not paths:
+            return {"state": session}
+        traces, errors = {}, []
+        for path in paths:
+            name = Path(str(path)).name
+            try:
+                if Path(path).stat().st_size > MAX_TRACE_BYTES:
+                    raise TraceError(f"the file is larger than {MAX_TRACE_BYTES >> 20} MiB")
+                trace = Trace.load(path)
+                if trace.method not in LANE_ORDER:
+                    raise TraceError(f"unknown method {trace.method!r} (expected one of {', '.join(LANE_ORDER)})")
+                if not trace.steps:
+                    raise TraceError("the trace has no steps")
+                _check_trace(trace)
+            except (TraceError, OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+                errors.append(f"{name}: {exc}")
+                continue
+            traces[trace.method] = trace
+        if not traces:
+            return {"state": session, **warn("Could not load the trace: " + "; ".join(errors))}
+        session.new_run([replay_lane(t) for t in traces.values()])
+        out = {**self.full_view(session, show_pruned), **self.whatif_knobs(session),
+               "message": message_html("Loaded " + ", ".join(LANE_TITLES[k] for k in session.lanes) + " for replay."
+                                       + (" Skipped: " + "; ".join(errors) if errors else ""),
+                                       "error" if errors else "info")}
+        if errors:
+            gr.Warning(html.escape("Skipped: " + "; ".join(errors)))
+        return out
+
+    def what_if(self, session: Session | None, key, index, node_budget, beam_width, topk, ngram_weight,
+                level_exponent, logit_decay) -> dict:
+        """Rerun the search of the selected step with other knobs (and verify the new tree if a model is here)."""
+        lane = session.lane(key) if session is not None else None
+        if lane is None or not lane.trace.steps:
+            return warn("Run a prompt or upload a trace first, then pick a DART step.")
+        if lane.key != "dart":
+            return warn("What-if needs a DART step: pick the DART lane.")
+        try:
+            cfg = search_from(node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay)
+            i = int(index)
+            trace = lane.trace
+            verifier = None
+            if self._same_model(trace):
+                sampling = SamplingConfig.from_dict(trace.settings.get("sampling") or {})
+                verifier = self.engine.verifier(sampling)
+            result = what_if(trace, i, cfg, self.engine.ngram, frozenset(trace.settings.get("stop_ids", ())),
+                             verifier)
+        except (OptionError, WhatIfError, ValueError, TypeError) as exc:
+            return warn(str(exc))
+        if result.bonus is not None:
+            self.engine.name_tokens(trace, [result.bonus])
+        step = trace.steps[i]
+        title = f"What-if on step {i}: {len(result.tree) - 1} draft nodes, {result.accepted} accepted"
+        view = figures.tree_view(trace, result.tree, result.path, result.bonus, result.candidates, result.context,
+                                 False, title=title)
+        fig = figures.tree_figure_from_view(view)
+        would = "".join(token_text(trace, result.tree.tokens[n]) for n in result.path[1:])
+        rec = "".join(token_text(trace, t) for t in step.new_tokens[: step.accepted])
+        lines = [f"<b>Recorded</b>: {len(step.tree) - 1} nodes, {step.accepted} accepted "
+                 f'<code class="emitted">{html.escape(rec)}</code>',
+                 f"<b>What-if</b>: {len(result.tree) - 1} nodes, {result.accepted} accepted "
+                 f'<code class="emitted">{html.escape(would)}</code> ({html.escape(HOW_TEXT[result.how])})']
+        lines += [html.escape(n) for n in result.notes]
+        return {"wi_tree": fig, "wi_info": '<div class="step-info">' + "<br>".join(lines) + "</div>", "message": ""}
+
+    def _same_model(self, trace: Trace) -> bool:
+        if not self.engine.can_generate:
+            return False
+        mine, theirs = self.engine.settings, trace.settings
+        return all(theirs.get(k) == mine.get(k) for k in ("model", "dtype")) and \
+            max(trace.mentioned_tokens(), default=0) < self.engine.target.vocab_size
+
+
+def _ensure(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _check_trace(trace: Trace) -> None:
+    """Reject traces whose steps do not hang together (they would break the views)."""
+    for i, s in enumerate(trace.steps):
+        if s.index != i:
+            raise TraceError(f"step {i} is numbered {s.index}")
+        if s.kind not in ("prefill", "verify"):
+            raise TraceError(f"step {i} has unknown kind {s.kind!r}")
+        if s.tree is not None:
+            if any(not 0 <= n < len(s.tree) for n in s.path) or (s.path and s.path[0] != 0):
+                raise TraceError(f"step {i}: the accepted path is not inside its tree")
+            if s.candidates is not None:
+                c = s.candidates
+                cols = {len(getattr(c, f)) for f in ("token", "level", "parent", "score", "fate", "beam", "node")}
+                if len(cols) != 1:
+                    raise TraceError(f"step {i}: candidate columns differ in length")
+                if len(c) and (c.parent.max() >= len(c) or c.node.max() >= len(s.tree)):
+                    raise TraceError(f"step {i}: candidates point outside the step")
+        if s.rows_tokens is not None and (s.rows_probs is None or s.rows_tokens.shape != s.rows_probs.shape
+                                          or s.rows_tokens.ndim != 2):
+            raise TraceError(f"step {i}: draft rows are malformed")
+    json.dumps(trace.settings)  # settings must stay JSON (they are saved again on download)

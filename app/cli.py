@@ -1,0 +1,70 @@
+"""`python app.py`: parse the flags, load the engine (or none, for replay), build the app and serve it.
+
+Bad flags or a model that cannot be loaded end with one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7860
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python app.py", description="DART Lab: plain decoding vs DART, and every draft tree")
+    # Hugging Face Spaces sets GRADIO_SERVER_NAME / GRADIO_SERVER_PORT; flags win over them.
+    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", DEFAULT_HOST))
+    p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", DEFAULT_PORT)))
+    p.add_argument("--share", action="store_true", help="also serve through a public Gradio share link")
+    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a transformers folder")
+    p.add_argument("--draft", default="default",
+                   help="'default' (the shipped head; a random head if none is shipped), 'random', or a head folder")
+    p.add_argument("--ngram", default="default", help="'default', 'none', or an n-gram .npz file")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--replay", action="store_true", help="load no model: only explore saved traces")
+    p.add_argument("--trace", action="append", default=[], metavar="FILE",
+                   help="a saved trace every session starts with (repeat for one per lane)")
+    return p
+
+
+def load(args):
+    """(engine, preloaded traces) for the parsed flags."""
+    from dart_core.trace import Trace
+
+    from .engine import Engine
+
+    traces = [Trace.load(path) for path in args.trace]
+    engine = Engine.replay_only(args.ngram) if args.replay else Engine.load(
+        args.model, args.draft, args.ngram, args.device, args.dtype)
+    return engine, traces
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if not 0 < args.port < 65536:
+        print(f"error: --port must be in 1..65535, got {args.port}", file=sys.stderr)
+        return 2
+    try:
+        engine, traces = load(args)
+    except (ValueError, OSError, RuntimeError, ImportError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    from .ui import build_app, launch_kwargs
+
+    for notice in engine.notices:
+        print(f"[dart-lab] {notice}", file=sys.stderr)
+    demo = build_app(engine, preload=traces)
+    demo.queue(default_concurrency_limit=4)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False,
+                **launch_kwargs())
+    return 0

@@ -1,0 +1,368 @@
+"""Plotly figures built from traces: pure functions `trace/step -> go.Figure`, no Gradio, no model.
+
+- `tree_figure`: one step's token tree (networkx layout), node colours by fate, rich hover.
+- `rows_heatmap`: the draft rows (top-k per depth) of one step.
+- `accepted_length_figure`, `acceptance_by_position_figure`, `time_split_figure`: charts over a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+import plotly.graph_objects as go
+
+from dart_core.metrics import Metrics
+from dart_core.trace import PHASES, Trace
+from dart_core.tree import TokenTree
+from dart_core.tree_search import BEAM_CUT, KEPT, LOW_NGRAM, Candidates
+
+from .text_render import plotly_escape, token_label, token_text
+
+# Node categories, in legend order. Every node of a figure falls in exactly one.
+ROOT, ACCEPTED, REJECTED, BONUS = "root", "accepted", "rejected", "bonus"
+PRUNED_BUDGET, PRUNED_BEAM, PRUNED_NGRAM = "pruned_budget", "pruned_beam", "pruned_ngram"
+CATEGORIES = (ROOT, ACCEPTED, REJECTED, BONUS, PRUNED_BUDGET, PRUNED_BEAM, PRUNED_NGRAM)
+PRUNED = (PRUNED_BUDGET, PRUNED_BEAM, PRUNED_NGRAM)
+COLORS = {ROOT: "#455a64", ACCEPTED: "#2e7d32", REJECTED: "#ef6c00", BONUS: "#1565c0",
+          PRUNED_BUDGET: "#b0bec5", PRUNED_BEAM: "#d7ccc8", PRUNED_NGRAM: "#ce93d8"}
+NAMES = {ROOT: "root (previous step's token)", ACCEPTED: "accepted draft", REJECTED: "verified, rejected",
+         BONUS: "target's bonus token", PRUNED_BUDGET: "pruned: node budget", PRUNED_BEAM: "pruned: beam cut",
+         PRUNED_NGRAM: "pruned: unseen n-gram"}
+FATE_TEXT = {ACCEPTED: "accepted", REJECTED: "verified, rejected", ROOT: "root", BONUS: "bonus (target's own)",
+             PRUNED_BUDGET: "pruned (node budget)", PRUNED_BEAM: "pruned (beam cut)",
+             PRUNED_NGRAM: "pruned (unseen n-gram)"}
+LANE_COLORS = {"vanilla": "#78909c", "dart": "#ef6c00", "pld": "#7e57c2"}
+LANE_NAMES = {"vanilla": "plain", "dart": "DART", "pld": "prompt lookup"}
+PHASE_COLORS = {"prefill": "#90a4ae", "draft": "#ffb74d", "search": "#ba68c8", "verify": "#4fc3f7",
+                "accept": "#aed581"}
+MAX_PRUNED = 120
+
+
+def prune_category(fate: str, beam: str) -> str:
+    """The pruned category of a candidate that was not kept."""
+    if fate == LOW_NGRAM:
+        return PRUNED_NGRAM
+    return PRUNED_BEAM if beam == BEAM_CUT else PRUNED_BUDGET
+
+
+def fate_label(fate: str, beam: str) -> str:
+    """kept / beam cut / node budget / unseen n-gram: what the search did with a candidate."""
+    if fate == KEPT:
+        return "kept"
+    return {PRUNED_NGRAM: "unseen n-gram", PRUNED_BEAM: "beam cut", PRUNED_BUDGET: "node budget"}[
+        prune_category(fate, beam)]
+
+
+def step_context(trace: Trace, index: int) -> list[int]:
+    """Committed tokens before step `index`, ending with its root (the previous step's last token)."""
+    ctx = list(trace.prompt_ids)
+    for s in trace.steps[:index]:
+        ctx.extend(s.new_tokens)
+    return ctx
+
+
+def message_figure(text: str, height: int = 260) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=plotly_escape(text), x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font={"size": 15, "color": "#546e7a"})
+    fig.update_layout(height=height, xaxis={"visible": False}, yaxis={"visible": False},
+                      margin={"l": 10, "r": 10, "t": 10, "b": 10}, plot_bgcolor="white")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- the token tree
+@dataclass
+class TreeNode:
+    key: str                 # "n3" for tree node 3, "c17" for pruned candidate 17, "bonus"
+    parent: str | None
+    token: int
+    text: str                # the token's text (raw; escaped when drawn)
+    depth: int
+    category: str
+    hover: str
+    order: float = 0.0       # sort key among siblings
+
+
+@dataclass
+class TreeView:
+    nodes: list[TreeNode]
+    title: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _cand_hover(c: Candidates, i: int, context: list[int], trace: Trace) -> list[str]:
+    lines = [f"draft prob: {c.draft_prob[i]:.4f}"]
+    match = int(c.ngram_match[i])
+    if match < 0:
+        lines.append("n-gram: not used at this level")
+    elif match == 0:
+        lines.append(f"n-gram prob: 0 (unseen after its context) · term {c.ngram_term[i]:.3f}")
+    else:
+        path = []
+        j = int(c.parent[i])
+        while j >= 0:
+            path.append(int(c.token[j]))
+            j = int(c.parent[j])
+        seq = context + path[::-1]
+        matched = "".join(token_text(trace, t) for t in seq[-match:])
+        lines.append(f"n-gram prob: {c.ngram_prob[i]:.4f} · term {c.ngram_term[i]:.3f}")
+        lines.append(f"matched context ({match} token{'s' if match > 1 else ''}): "
+                     f"{token_label(matched, 40)}")
+    lines.append(f"level weight: {c.level_weight[i]:.3f} · logit term {c.logit_term[i]:.3f}")
+    lines.append(f"cumulative score: {c.score[i]:.3f}")
+    lines.append(f"beam: {c.beam[i]}")
+    return lines
+
+
+def tree_view(trace: Trace, tree: TokenTree, path: list[int], bonus: int | None, candidates: Candidates | None,
+              context: list[int], show_pruned: bool = False, max_pruned: int = MAX_PRUNED,
+              title: str = "") -> TreeView:
+    """Nodes of a tree figure: the verified tree, the bonus token, and optionally the best pruned candidates."""
+    accepted = set(path[1:])
+    cand_of_node: dict[int, int] = {}
+    if candidates is not None and len(candidates):
+        for ci in np.flatnonzero(candidates.node > 0).tolist():
+            cand_of_node[int(candidates.node[ci])] = ci
+    nodes: list[TreeNode] = []
+    for n, tok in enumerate(tree.tokens):
+        if n == 0:
+            cat = ROOT
+        else:
+            cat = ACCEPTED if n in accepted else REJECTED
+        head = f"<b>{token_label(token_text(trace, tok), 40)}</b> (id {tok}) · node {n} · depth {tree.depths[n]}"
+        lines = [head, f"fate: {FATE_TEXT[cat]}"]
+        if n in cand_of_node:
+            lines += _cand_hover(candidates, cand_of_node[n], context, trace)
+        score = float(candidates.score[cand_of_node[n]]) if n in cand_of_node else 0.0
+        parent = None if n == 0 else f"n{tree.parents[n]}"
+        nodes.append(TreeNode(f"n{n}", parent, tok, token_text(trace, tok), tree.depths[n], cat, "<br>".join(lines),
+                              order=-score + n * 1e-9))
+    if bonus is not None:
+        last = path[-1] if path else 0
+        nodes.append(TreeNode("bonus", f"n{last}", bonus, token_text(trace, bonus), tree.depths[last] + 1, BONUS,
+                              f"<b>{token_label(token_text(trace, bonus), 40)}</b> (id {bonus})<br>"
+                              f"fate: the target's own token after the accepted path", order=1e9))
+    notes = []
+    if show_pruned and candidates is not None and len(candidates):
+        pruned = np.flatnonzero(candidates.node < 0)
+        # Best first; a child never outscores its parent, and ties go shallower first, so parents come first.
+        pruned = pruned[np.lexsort((candidates.level[pruned], -candidates.score[pruned]))]
+        shown: dict[int, str] = {}
+        for ci in pruned.tolist():
+            if len(shown) >= max_pruned:
+                break
+            p = int(candidates.parent[ci])
+            if p < 0:
+                parent = "n0"
+            elif candidates.node[p] > 0:
+                parent = f"n{int(candidates.node[p])}"
+            elif p in shown:
+                parent = shown[p]
+            else:
+                continue
+            cat = prune_category(str(candidates.fate[ci]), str(candidates.beam[ci]))
+            tok = int(candidates.token[ci])
+            lines = [f"<b>{token_label(token_text(trace, tok), 40)}</b> (id {tok}) · candidate {ci} · "
+                     f"depth {int(candidates.level[ci]) + 1}", f"fate: {FATE_TEXT[cat]}"]
+            lines += _cand_hover(candidates, ci, context, trace)
+            shown[ci] = f"c{ci}"
+            nodes.append(TreeNode(f"c{ci}", parent, tok, token_text(trace, tok), int(candidates.level[ci]) + 1, cat,
+                                  "<br>".join(lines), order=1e6 - float(candidates.score[ci])))
+        if len(pruned) > len(shown):
+            notes.append(f"showing the {len(shown)} best-scored of {len(pruned)} pruned candidates")
+    elif show_pruned:
+        notes.append("this step has no recorded candidates (not a DART step)")
+    return TreeView(nodes, title, notes)
+
+
+def _layout(nodes: list[TreeNode]) -> dict[str, tuple[float, float]]:
+    """Tidy tree layout: depth to the right, leaves stacked top to bottom in DFS order, parents centred."""
+    g = nx.DiGraph()
+    for node in nodes:
+        g.add_node(node.key, order=node.order, depth=node.depth)
+        if node.parent is not None:
+            g.add_edge(node.parent, node.key)
+    root = nodes[0].key
+    ys: dict[str, float] = {}
+    next_leaf = 0
+
+    def visit(key: str) -> float:  # recursion depth = tree depth (a few dozen at most)
+        nonlocal next_leaf
+        kids = sorted(g.successors(key), key=lambda k: g.nodes[k]["order"])
+        if not kids:
+            ys[key] = float(next_leaf)
+            next_leaf += 1
+        else:
+            ys[key] = float(np.mean([visit(k) for k in kids]))
+        return ys[key]
+
+    visit(root)
+    assert nx.is_arborescence(g), "a draft tree must be a tree"
+    return {k: (float(g.nodes[k]["depth"]), -ys[k]) for k in g.nodes}
+
+
+def tree_figure_from_view(view: TreeView) -> go.Figure:
+    pos = _layout(view.nodes)
+    by_key = {n.key: n for n in view.nodes}
+    fig = go.Figure()
+    edge_styles = {
+        "tree": ({"color": "#b0bec5", "width": 1.2}, lambda n: n.category == REJECTED),
+        "pruned": ({"color": "#e0e0e0", "width": 1, "dash": "dot"}, lambda n: n.category in PRUNED),
+        "accepted": ({"color": COLORS[ACCEPTED], "width": 3}, lambda n: n.category == ACCEPTED),
+        "bonus": ({"color": COLORS[BONUS], "width": 2, "dash": "dash"}, lambda n: n.category == BONUS),
+    }
+    for name, (line, pick) in edge_styles.items():
+        xs, ys = [], []
+        for n in view.nodes:
+            if n.parent is not None and pick(n):
+                (x0, y0), (x1, y1) = pos[n.parent], pos[n.key]
+                xs += [x0, x1, None]
+                ys += [y0, y1, None]
+        if xs:
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=line, hoverinfo="skip", showlegend=False,
+                                     name=f"edges: {name}"))
+    for cat in CATEGORIES:
+        group = [n for n in view.nodes if n.category == cat]
+        if not group:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[pos[n.key][0] for n in group], y=[pos[n.key][1] for n in group], mode="markers+text",
+            name=NAMES[cat], text=[token_label(n.text) for n in group],
+            customdata=[n.key for n in group], textposition="middle left" if cat == ROOT else "middle right",
+            textfont={"size": 11, "color": "#263238" if cat not in PRUNED else "#78909c"},
+            marker={"color": COLORS[cat], "size": 12 if cat not in PRUNED else 8,
+                    "line": {"color": "white", "width": 1}},
+            hovertext=[n.hover for n in group], hoverinfo="text"))
+    leaves = sum(1 for k in by_key if not any(n.parent == k for n in view.nodes))
+    depth = max(n.depth for n in view.nodes)
+    title = plotly_escape(view.title) + (f"<br><sup>{plotly_escape('; '.join(view.notes))}</sup>" if view.notes
+                                         else "")
+    fig.update_layout(
+        title={"text": title, "x": 0.01}, height=int(min(1800, max(340, 130 + 17 * leaves))),
+        xaxis={"title": "depth", "dtick": 1, "range": [-0.6, depth + 0.9], "zeroline": False, "showgrid": False},
+        yaxis={"visible": False}, plot_bgcolor="white", hovermode="closest",
+        legend={"orientation": "h", "y": -0.02, "yanchor": "top", "x": 0}, margin={"l": 10, "r": 10, "t": 60, "b": 40})
+    return fig
+
+
+def tree_figure(trace: Trace, index: int, show_pruned: bool = False, max_pruned: int = MAX_PRUNED) -> go.Figure:
+    """The token tree of step `index` of a trace."""
+    if not 0 <= index < len(trace.steps):
+        return message_figure(f"no step {index} in this trace")
+    step = trace.steps[index]
+    if step.tree is None:
+        return message_figure(f"Step {index} is the prefill: the target reads the prompt and picks the first token "
+                              f"itself; there is no draft tree yet.")
+    bonus = step.new_tokens[-1] if len(step.new_tokens) == step.accepted + 1 else None
+    title = (f"Step {index}: {len(step.tree) - 1} draft nodes, {step.accepted} accepted"
+             + (" + bonus" if bonus is not None else ""))
+    view = tree_view(trace, step.tree, step.path, bonus, step.candidates, step_context(trace, index),
+                     show_pruned, max_pruned, title)
+    return tree_figure_from_view(view)
+
+
+# ---------------------------------------------------------------------------------------------- draft rows
+def rows_heatmap(trace: Trace, index: int) -> go.Figure:
+    """DART's draft rows of one step: depth x rank, coloured by draft prob, labelled with the token."""
+    if not 0 <= index < len(trace.steps):
+        return message_figure(f"no step {index} in this trace")
+    step = trace.steps[index]
+    if step.rows_tokens is None or step.rows_probs is None:
+        return message_figure("no draft rows in this step (prefill, plain decoding or prompt lookup)")
+    rows_t, rows_p = step.rows_tokens, step.rows_probs
+    R, k = rows_t.shape
+    in_tree: set[tuple[int, int]] = set()
+    if step.tree is not None:
+        in_tree = {(step.tree.depths[n], step.tree.tokens[n]) for n in range(1, len(step.tree))}
+    on_path = {(d, step.tree.tokens[n]) for d, n in enumerate(step.path)} if step.tree is not None else set()
+    text, hover = [], []
+    for r in range(R):
+        trow, hrow = [], []
+        for j in range(k):
+            tok = int(rows_t[r, j])
+            mark = "✓" if (r + 1, tok) in on_path else ("•" if (r + 1, tok) in in_tree else "")
+            trow.append(token_label(token_text(trace, tok), 8) + mark)
+            where = ("accepted at this depth" if mark == "✓" else "in the tree at this depth" if mark == "•"
+                     else "not in the tree at this depth")
+            hrow.append(f"<b>{token_label(token_text(trace, tok), 40)}</b> (id {tok})<br>depth {r + 1} · rank {j + 1}"
+                        f"<br>draft prob {rows_p[r, j]:.4f}<br>{where}")
+        text.append(trow)
+        hover.append(hrow)
+    fig = go.Figure(go.Heatmap(z=rows_p, x=[str(j + 1) for j in range(k)], y=[f"depth {r + 1}" for r in range(R)],
+                               text=text, texttemplate="%{text}", hovertext=hover, hoverinfo="text",
+                               colorscale="Oranges", zmin=0, zmax=1, colorbar={"title": "draft p"}))
+    fig.update_layout(title={"text": f"Step {index}: draft rows (✓ accepted, • in the tree)", "x": 0.01},
+                      xaxis={"title": "rank in the row"}, yaxis={"autorange": "reversed"},
+                      height=max(260, 90 + 48 * R), margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- run charts
+def _verify_steps(trace: Trace):
+    return [s for s in trace.steps if s.kind == "verify"]
+
+
+def accepted_length_figure(traces: dict[str, Trace]) -> go.Figure:
+    """Tokens emitted per verify step (accepted drafts + bonus), one bar series per lane."""
+    fig = go.Figure()
+    for lane, trace in traces.items():
+        steps = _verify_steps(trace)
+        if not steps or lane == "vanilla":
+            continue
+        fig.add_trace(go.Bar(x=[s.index for s in steps], y=[s.accepted for s in steps],
+                             name=LANE_NAMES.get(lane, lane), marker_color=LANE_COLORS.get(lane),
+                             hovertemplate="step %{x}: %{y} accepted<extra></extra>"))
+    if not fig.data:
+        return message_figure("no drafting steps yet")
+    fig.update_layout(title={"text": "Accepted draft tokens per step (plain decoding accepts 0)", "x": 0.01},
+                      xaxis={"title": "step"}, yaxis={"title": "accepted", "rangemode": "tozero"}, barmode="group",
+                      height=300, margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    return fig
+
+
+def acceptance_by_position_figure(traces: dict[str, Trace]) -> go.Figure:
+    """Per depth d: the share of steps that accepted at least d drafts (bars) and the conditional rate (line)."""
+    fig = go.Figure()
+    for lane, trace in traces.items():
+        if lane == "vanilla":
+            continue
+        m = Metrics.from_steps(trace.steps)
+        if not m.verify_steps:
+            continue
+        reach = m.acceptance_by_depth
+        name = LANE_NAMES.get(lane, lane)
+        fig.add_trace(go.Bar(x=list(range(1, len(reach) + 1)), y=reach, name=f"{name}: reached depth",
+                             marker_color=LANE_COLORS.get(lane),
+                             hovertemplate="depth %{x}: %{y:.1%} of steps<extra></extra>"))
+        cond = m.conditional_acceptance
+        fig.add_trace(go.Scatter(x=list(range(1, len(cond) + 1)), y=cond, name=f"{name}: accepted given reached",
+                                 mode="lines+markers", line={"color": LANE_COLORS.get(lane), "dash": "dash"},
+                                 hovertemplate="depth %{x}: %{y:.1%}<extra></extra>"))
+    if not fig.data:
+        return message_figure("no drafting steps yet")
+    if all(len(t.x) == 0 for t in fig.data):
+        return message_figure("no draft token accepted yet")
+    fig.update_layout(title={"text": "Acceptance per draft position", "x": 0.01}, xaxis={"title": "depth", "dtick": 1},
+                      yaxis={"title": "share of steps", "range": [0, 1.05], "tickformat": ".0%"}, height=300,
+                      margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    return fig
+
+
+def time_split_figure(trace: Trace, lane: str = "") -> go.Figure:
+    """Seconds per step, stacked by phase (prefill / draft / search / verify / accept)."""
+    if not trace.steps:
+        return message_figure("no steps yet")
+    fig = go.Figure()
+    x = [s.index for s in trace.steps]
+    for phase in ("prefill",) + PHASES:
+        y = [s.timings.get(phase, 0.0) * 1000 for s in trace.steps]
+        if any(y):
+            fig.add_trace(go.Bar(x=x, y=y, name=phase, marker_color=PHASE_COLORS.get(phase),
+                                 hovertemplate=f"step %{{x}}: %{{y:.1f}} ms {phase}<extra></extra>"))
+    name = LANE_NAMES.get(lane, lane)
+    fig.update_layout(title={"text": f"Time per step{f' ({name})' if name else ''}", "x": 0.01}, barmode="stack",
+                      xaxis={"title": "step"}, yaxis={"title": "ms"}, height=300,
+                      margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    return fig

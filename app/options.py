@@ -1,0 +1,104 @@
+"""The user-facing knobs: their ranges (shared by the sliders and by validation) and the example prompts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dart_core.acceptance import SamplingConfig
+from dart_core.tree_search import SearchConfig
+
+MAX_PROMPT_CHARS = 6000
+MAX_PROMPT_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    label: str
+    minimum: float
+    maximum: float
+    default: float
+    step: float
+    integer: bool = False
+    info: str = ""
+
+
+_S = SearchConfig()
+SAMPLING_KNOBS = (
+    Knob("temperature", "Temperature", 0.0, 2.0, 0.0, 0.05, info="0 = greedy"),
+    Knob("top_p", "Top-p", 0.05, 1.0, 1.0, 0.05),
+    Knob("top_k", "Top-k", 0, 200, 0, 1, integer=True, info="0 = off"),
+    Knob("max_new_tokens", "Max new tokens", 1, 512, 64, 1, integer=True),
+    Knob("seed", "Seed", 0, 2**31 - 1, 0, 1, integer=True),
+)
+TREE_KNOBS = (
+    Knob("node_budget", "Node budget", 0, 256, _S.node_budget, 1, integer=True, info="draft nodes besides the root"),
+    Knob("beam_width", "Beam width", 1, 64, _S.beam_width, 1, integer=True),
+    Knob("topk", "Top-k per row", 1, 64, _S.topk, 1, integer=True, info="candidates per draft row"),
+    Knob("ngram_weight", "N-gram weight", 0.0, 2.0, _S.ngram_weight, 0.05),
+    Knob("level_exponent", "Level weight exponent", 0.0, 2.0, _S.level_exponent, 0.05,
+         info="level weight = (level+1)^-x"),
+    Knob("logit_decay", "Logit weight decay", 0.05, 1.0, _S.logit_decay, 0.05, info="logit weight = decay^level"),
+)
+KNOBS = {k.name: k for k in SAMPLING_KNOBS + TREE_KNOBS}
+
+EXAMPLES = (
+    ("chat", "Give me three tips for staying focused while working from home."),
+    ("chat", "What is the difference between weather and climate?"),
+    ("code", "Write a Python function that checks whether a string is a palindrome."),
+    ("code", "Explain what this does: `print([x * x for x in range(5)])`"),
+    ("math", "If a train travels 60 km in 45 minutes, what is its average speed in km/h?"),
+    ("math", "What is 15% of 240? Show your steps."),
+    ("extraction", "List every city named in this text: I flew from Paris to Tokyo, then took a train to Osaka."),
+    ("extraction", "Extract the date and the amount: 'Invoice paid on 12 March 2024, total 1,250.00 EUR.'"),
+)
+
+
+class OptionError(ValueError):
+    """A knob or prompt the user gave is out of range; the message says which and why."""
+
+
+def check_knob(name: str, value) -> float | int:
+    knob = KNOBS[name]
+    if value is None or value == "":
+        raise OptionError(f"{knob.label} is empty")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise OptionError(f"{knob.label} must be a number, got {value!r}") from None
+    if number != number or not knob.minimum <= number <= knob.maximum:
+        raise OptionError(f"{knob.label} must be between {knob.minimum:g} and {knob.maximum:g}, got {value}")
+    if knob.integer:
+        if number != int(number):
+            raise OptionError(f"{knob.label} must be a whole number, got {value}")
+        return int(number)
+    return number
+
+
+def sampling_from(temperature, top_p, top_k, seed) -> SamplingConfig:
+    cfg = SamplingConfig(check_knob("temperature", temperature), check_knob("top_p", top_p),
+                         check_knob("top_k", top_k), check_knob("seed", seed))
+    try:
+        return cfg.validate()
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+
+
+def search_from(node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay) -> SearchConfig:
+    cfg = SearchConfig(topk=check_knob("topk", topk), beam_width=check_knob("beam_width", beam_width),
+                       node_budget=check_knob("node_budget", node_budget),
+                       level_exponent=check_knob("level_exponent", level_exponent),
+                       logit_decay=check_knob("logit_decay", logit_decay),
+                       ngram_weight=check_knob("ngram_weight", ngram_weight))
+    try:
+        return cfg.validate()
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+
+
+def check_prompt(text) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise OptionError("The prompt is empty: type a prompt or pick an example.")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise OptionError(f"The prompt is too long: {len(text)} characters, at most {MAX_PROMPT_CHARS}.")
+    return text

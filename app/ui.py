@@ -1,0 +1,229 @@
+"""The Blocks layout and its event wiring. The handlers live in `app.callbacks` and return dicts of output
+names; `_bind` maps those names onto this layout's components (and turns any unexpected error into a message)."""
+
+from __future__ import annotations
+
+import functools
+import html
+import inspect
+import logging
+from pathlib import Path
+
+import gradio as gr
+
+from dart_core.trace import Trace
+
+from . import figures
+from .callbacks import (CHART_OUTPUTS, LANE_OUTPUTS, MAX_TRACE_BYTES, STEP_OUTPUTS, WHATIF_KNOBS, WHATIF_OUTPUTS,
+                        Callbacks, message_html)
+from .engine import Engine
+from .lanes import replay_lane
+from .options import EXAMPLES, KNOBS, SAMPLING_KNOBS, TREE_KNOBS
+from .pruning import COLUMNS
+from .session import Session
+from .text_render import LEGEND_HTML
+
+log = logging.getLogger(__name__)
+
+CSS_PATH = Path(__file__).with_name("style.css")
+HELP_PATH = Path(__file__).with_name("help.md")
+# Every component a full view may update (run, stop, clear, upload, page load).
+OUTPUT_NAMES = ("state", "message", *LANE_OUTPUTS.values(), "summary", "lane", *STEP_OUTPUTS, "follow", *CHART_OUTPUTS,
+                "downloads", "run_btn", "prompt", *WHATIF_OUTPUTS, "wi_tree", "wi_info")
+MODEL_EVENTS = "model"  # one concurrency group for everything that drives the model
+EXAMPLE_CHOICES = [(f"{cat}: {text}", text) for cat, text in EXAMPLES]
+# Clicking a token in a lane sends its lane and step (event delegation: the lane HTML is re-rendered often).
+TOKEN_CLICK_JS = """
+element.addEventListener('click', (e) => {
+  const t = e.target.closest('[data-step]');
+  if (t) trigger('click', {lane: t.dataset.lane, step: Number(t.dataset.step)});
+});
+"""
+
+
+def _slider(knob, prefix: str = "", **kw) -> gr.Slider:
+    return gr.Slider(knob.minimum, knob.maximum, value=knob.default, step=knob.step, label=knob.label,
+                     info=knob.info or None, elem_id=prefix + knob.name.replace("_", "-"), **kw)
+
+
+def launch_kwargs() -> dict:
+    """What `launch()` needs besides host and port: the stylesheet and the theme (Gradio 6 takes them there)."""
+    return {"css_paths": [CSS_PATH], "theme": gr.themes.Soft(primary_hue="orange", secondary_hue="blue"),
+            "ssr_mode": False, "max_file_size": MAX_TRACE_BYTES}
+
+
+def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None) -> gr.Blocks:
+    """The whole app around one shared engine. `preload`: traces every new session starts with (replay)."""
+    cb = Callbacks(engine, trace_dir)
+    comps: dict[str, gr.components.Component] = {}
+
+    def _bind(fn, names_out):
+        """Wrap a callback: map its name->value dict onto components; unexpected errors become a message."""
+        def convert(result):
+            return {comps[k]: v for k, v in (result or {}).items() if k in comps and k in names_out}
+
+        def failed(exc):
+            log.exception("callback %s failed", getattr(fn, "__name__", fn))
+            text = f"Something went wrong: {type(exc).__name__}: {exc}"
+            gr.Warning(html.escape(text))
+            return convert({"message": message_html(text), "run_btn": gr.update(interactive=True)})
+
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def gen(*args):
+                try:
+                    for result in fn(*args):
+                        yield convert(result)
+                except Exception as exc:  # noqa: BLE001 - the page must never show a traceback
+                    yield failed(exc)
+            return gen
+
+        @functools.wraps(fn)
+        def call(*args):
+            try:
+                return convert(fn(*args))
+            except Exception as exc:  # noqa: BLE001
+                return failed(exc)
+        return call
+
+    # delete_cache: Gradio's copies of served trace files older than an hour are removed every hour.
+    with gr.Blocks(title="DART Lab", fill_width=True, delete_cache=(3600, 3600)) as demo:
+        comps["state"] = gr.State(None)
+        gr.Markdown("# DART Lab\nPlain decoding and **DART** speculative decoding side by side, and every draft "
+                    "tree DART built, step by step.", elem_classes="app-header")
+        notices = list(engine.notices)
+        if engine.can_generate:
+            s = engine.settings
+            notices.insert(0, f"Model: {s.get('model')} · draft head: {s.get('draft')} · n-gram: {s.get('ngram')} · "
+                              f"{s.get('device')} / {s.get('dtype')}")
+        gr.HTML("".join(f'<div class="notice">{html.escape(n)}</div>' for n in notices), elem_id="notices")
+        comps["message"] = gr.HTML("", elem_id="message")
+
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1, min_width=300):
+                comps["prompt"] = gr.Textbox(label="Prompt", lines=4, max_lines=12, elem_id="prompt",
+                                             placeholder="Ask something, or pick an example below",
+                                             interactive=engine.can_generate)
+                with gr.Row():
+                    comps["run_btn"] = gr.Button("Run", variant="primary", elem_id="run-btn", min_width=60,
+                                                 interactive=engine.can_generate)
+                    comps["stop_btn"] = gr.Button("Stop", variant="stop", elem_id="stop-btn", min_width=60)
+                    comps["clear_btn"] = gr.Button("Clear", elem_id="clear-btn", min_width=60)
+                comps["example"] = gr.Dropdown(EXAMPLE_CHOICES, value=None, label="Example prompts",
+                                               elem_id="examples", interactive=engine.can_generate)
+                comps["use_pld"] = gr.Checkbox(label="Third lane: prompt lookup", value=False, elem_id="use-pld")
+                with gr.Accordion("Sampling", open=False):
+                    for knob in SAMPLING_KNOBS:
+                        comps[knob.name] = _slider(knob)
+                with gr.Accordion("Tree knobs", open=False):
+                    for knob in TREE_KNOBS:
+                        comps[knob.name] = _slider(knob)
+                with gr.Accordion("Traces: download or replay", open=not engine.can_generate):
+                    comps["downloads"] = gr.File(label="Download the traces (JSON)", file_count="multiple",
+                                                 interactive=False, elem_id="downloads")
+                    comps["upload"] = gr.File(label="Upload traces to replay", file_count="multiple",
+                                              file_types=[".json"], elem_id="upload")
+                with gr.Accordion("How to read the tree", open=False):
+                    gr.Markdown(HELP_PATH.read_text(encoding="utf-8"))
+            with gr.Column(scale=4):
+                gr.HTML(LEGEND_HTML, elem_id="legend")
+                with gr.Row(equal_height=False, elem_id="lanes"):
+                    for key in LANE_OUTPUTS:
+                        comps[LANE_OUTPUTS[key]] = gr.HTML(
+                            cb.lane_card(Session(), key), elem_id=f"lane-{key}", elem_classes="lane-box",
+                            js_on_load=TOKEN_CLICK_JS, visible=key != "pld", min_width=260)
+                comps["summary"] = gr.HTML("", elem_id="summary")
+                with gr.Row(equal_height=False, elem_id="step-controls"):
+                    comps["lane"] = gr.Radio([], label="Lane", scale=2, min_width=200, elem_id="lane-pick")
+                    comps["step"] = gr.Slider(0, 1, value=0, step=1, label="Step", scale=5, elem_id="step-slider")
+                    with gr.Column(scale=2, min_width=220):
+                        with gr.Row():
+                            comps["prev_btn"] = gr.Button("◀ Prev", size="sm", min_width=70, elem_id="prev-btn")
+                            comps["next_btn"] = gr.Button("Next ▶", size="sm", min_width=70, elem_id="next-btn")
+                        comps["follow"] = gr.Checkbox(label="Follow the newest step", value=True, elem_id="follow",
+                                                      container=False)
+                        comps["show_pruned"] = gr.Checkbox(label="Show pruned candidates", value=False,
+                                                           elem_id="show-pruned", container=False)
+                comps["step_info"] = gr.HTML("", elem_id="step-info")
+                with gr.Tabs():
+                    with gr.Tab("Token tree"):
+                        comps["tree"] = gr.Plot(figures.message_figure("Run a prompt or upload a trace to see its "
+                                                                       "steps."), show_label=False, elem_id="tree-plot")
+                    with gr.Tab("Pruning decisions"):
+                        comps["table"] = gr.Dataframe(headers=list(COLUMNS), label="Best candidates per draft row",
+                                                      interactive=False, wrap=True, max_height=440,
+                                                      column_widths=["6%", "5%", "14%", "12%", "7%", "7%", "7%",
+                                                                     "8%", "7%", "7%", "10%", "10%"],
+                                                      elem_id="prune-table")
+                        comps["heatmap"] = gr.Plot(label="Draft rows", elem_id="rows-plot")
+                    with gr.Tab("Run charts"):
+                        for name in CHART_OUTPUTS:
+                            comps[name] = gr.Plot(show_label=False, elem_id=name.replace("_", "-"))
+                    with gr.Tab("What-if"):
+                        gr.Markdown("Change the tree knobs and rerun only the search of the selected DART step: the "
+                                    "draft rows are reused as recorded. With the model loaded the new tree is "
+                                    "verified by one target forward; without it, a greedy trace still tells exactly "
+                                    "what would be accepted.")
+                        with gr.Row():
+                            for name in WHATIF_KNOBS:
+                                comps[f"wi_{name}"] = _slider(KNOBS[name], "wi-", min_width=160)
+                        comps["wi_btn"] = gr.Button("Rerun the search of this step", elem_id="whatif-btn")
+                        comps["wi_info"] = gr.HTML("", elem_id="whatif-info")
+                        comps["wi_tree"] = gr.Plot(show_label=False, elem_id="whatif-plot")
+
+        c = comps
+        all_out = [c[k] for k in OUTPUT_NAMES]
+        step_names = [*STEP_OUTPUTS, "follow"]
+        step_out = [c[k] for k in step_names]
+        view_in = [c["state"], c["lane"], c["step"], c["show_pruned"]]
+        hidden = {"api_visibility": "undocumented"}
+        run_inputs = [c["state"], c["prompt"], c["use_pld"], *(c[k.name] for k in SAMPLING_KNOBS),
+                      *(c[k.name] for k in TREE_KNOBS), c["show_pruned"]]
+        run = _bind(cb.run, OUTPUT_NAMES)
+        # One model, one run at a time across all sessions: the others wait in the queue (shown on the lanes).
+        model_event = {"concurrency_limit": 1, "concurrency_id": MODEL_EVENTS, "show_progress": "minimal",
+                       "show_progress_on": [c["lane_vanilla"], c["lane_dart"]]}
+        run_evt = c["run_btn"].click(run, run_inputs, all_out, api_name="run", **model_event)
+        submit_evt = c["prompt"].submit(run, run_inputs, all_out, **model_event, **hidden)
+        c["stop_btn"].click(_bind(cb.stop, OUTPUT_NAMES), [c["state"], c["show_pruned"]], all_out,
+                            cancels=[run_evt, submit_evt], api_name="stop")
+        c["clear_btn"].click(_bind(cb.clear, OUTPUT_NAMES), [c["state"]], all_out, cancels=[run_evt, submit_evt],
+                             api_name="clear")
+        # .input: user changes only (drag or typed number), not the run's own updates; drags coalesce.
+        c["step"].input(_bind(cb.pick_step, step_names), view_in, step_out, trigger_mode="always_last",
+                        show_progress="hidden", api_name="pick_step")
+        c["prev_btn"].click(_bind(functools.partial(_move, cb, -1), step_names), view_in, step_out, **hidden)
+        c["next_btn"].click(_bind(functools.partial(_move, cb, 1), step_names), view_in, step_out, **hidden)
+        c["show_pruned"].change(_bind(cb.show_step, step_names), view_in, step_out, **hidden)
+        c["lane"].input(_bind(cb.pick_lane, [*step_names, "chart_time"]), [c["state"], c["lane"], c["show_pruned"]],
+                        [*step_out, c["chart_time"]], **hidden)
+        c["example"].input(lambda text: text or gr.skip(), [c["example"]], [c["prompt"]], **hidden)
+        c["follow"].input(cb.set_follow, [c["state"], c["follow"]], None, **hidden)
+        token_names = [*step_names, "lane"]
+
+        def on_token(session, show_pruned, evt: gr.EventData):
+            return _bind(lambda s, p: cb.token_click(s, getattr(evt, "_data", None), p), token_names)(
+                session, show_pruned)
+
+        for key in LANE_OUTPUTS.values():
+            c[key].click(on_token, [c["state"], c["show_pruned"]], [c[k] for k in token_names], **hidden)
+        c["upload"].upload(_bind(cb.upload, OUTPUT_NAMES), [c["state"], c["upload"], c["show_pruned"]], all_out,
+                           **hidden)
+        wi_names = ["wi_tree", "wi_info", "message"]
+        c["wi_btn"].click(_bind(cb.what_if, wi_names), [*view_in[:3], *(c[f"wi_{k}"] for k in WHATIF_KNOBS)],
+                          [c[k] for k in wi_names], concurrency_limit=1, concurrency_id=MODEL_EVENTS,
+                          api_name="what_if")
+
+        def start(show_pruned):
+            session = Session()
+            if preload:
+                session.new_run([replay_lane(Trace.from_dict(t.to_dict())) for t in preload])
+                return {**cb.full_view(session, show_pruned), **cb.whatif_knobs(session)}
+            return {"state": session}
+
+        demo.load(_bind(start, OUTPUT_NAMES), [c["show_pruned"]], all_out, **hidden)
+    return demo
+
+
+def _move(cb: Callbacks, delta: int, session, key, index, show_pruned):
+    return cb.move_step(session, key, index, delta, show_pruned)

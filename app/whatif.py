@@ -1,0 +1,97 @@
+"""What-if: rerun only the tree search of a recorded DART step with other knobs, and see what would be accepted.
+
+The draft rows of a step depend only on the context, so they are reused as recorded. The accepted path of the new
+tree comes from one verification forward when a model is loaded; without a model, a greedy trace still tells it
+exactly: greedy decoding is lossless, so the target's choices from this step on are the trace's own output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dart_core.acceptance import GREEDY_TEMPERATURE
+from dart_core.ngram import NGramModel
+from dart_core.trace import Trace
+from dart_core.tree import TokenTree
+from dart_core.tree_search import Candidates, SearchConfig, search
+
+from .figures import step_context
+
+VERIFIED, REPLAYED, ESTIMATED = "verified", "replayed", "estimated"
+HOW_TEXT = {VERIFIED: "verified with one target forward",
+            REPLAYED: "from the recorded greedy output (exact: greedy decoding is lossless)",
+            ESTIMATED: "estimated from the recorded output (the trace was sampled; a new tree may draw differently)"}
+
+# (context, tree) -> (path, bonus): the loaded model's verification of a tree.
+Verifier = Callable[[list[int], TokenTree], tuple[list[int], int]]
+
+
+class WhatIfError(ValueError):
+    pass
+
+
+@dataclass
+class WhatIf:
+    index: int
+    config: SearchConfig
+    tree: TokenTree
+    candidates: Candidates
+    path: list[int]
+    bonus: int | None
+    how: str
+    context: list[int]
+    notes: list[str]
+
+    @property
+    def accepted(self) -> int:
+        return len(self.path) - 1
+
+
+def is_greedy(trace: Trace) -> bool:
+    sampling = trace.settings.get("sampling") if isinstance(trace.settings, dict) else None
+    if not isinstance(sampling, dict):
+        return True
+    return float(sampling.get("temperature", 0.0) or 0.0) <= GREEDY_TEMPERATURE
+
+
+def follow_tokens(tree: TokenTree, tokens: list[int]) -> tuple[list[int], int | None]:
+    """Walk down the tree along `tokens` (the target's choices): the accepted path and the bonus token."""
+    children: dict[int, dict[int, int]] = {}
+    for n in range(1, len(tree)):
+        children.setdefault(tree.parents[n], {}).setdefault(tree.tokens[n], n)
+    path = [0]
+    for tok in tokens:
+        nxt = children.get(path[-1], {}).get(tok)
+        if nxt is None:
+            return path, tok
+        path.append(nxt)
+    return path, None  # the recorded output ended inside the tree
+
+
+def what_if(trace: Trace, index: int, config: SearchConfig, ngram: NGramModel | None = None,
+            eos_ids=frozenset(), verifier: Verifier | None = None) -> WhatIf:
+    if not 0 <= index < len(trace.steps):
+        raise WhatIfError(f"there is no step {index} in this trace")
+    step = trace.steps[index]
+    if step.rows_tokens is None or step.rows_probs is None:
+        raise WhatIfError(f"step {index} has no draft rows to search again (only DART's verify steps have them)")
+    config.validate()
+    notes = []
+    recorded_k = step.rows_tokens.shape[1]
+    if config.topk > recorded_k:
+        notes.append(f"the trace recorded {recorded_k} candidates per row, so top-k above {recorded_k} "
+                     f"acts as {recorded_k}")
+    context = step_context(trace, index)
+    if ngram is None and config.ngram_weight > 0 and step.candidates is not None \
+            and (step.candidates.ngram_match >= 0).any():
+        notes.append("the n-gram table used for this trace is not loaded: the search runs without its term")
+    result = search(step.rows_tokens, step.rows_probs, context, config, ngram, eos_ids)
+    if verifier is not None:
+        path, bonus = verifier(context, result.tree)
+        how = VERIFIED
+    else:
+        future = [t for s in trace.steps[index:] for t in s.new_tokens]
+        path, bonus = follow_tokens(result.tree, future)
+        how = REPLAYED if is_greedy(trace) else ESTIMATED
+    return WhatIf(index, config, result.tree, result.candidates, path, bonus, how, context, notes)

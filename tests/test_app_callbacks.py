@@ -1,0 +1,360 @@
+"""The app's event handlers without a browser: runs on the tiny target, stop, sessions, replay, what-if, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from app.callbacks import Callbacks
+from app.engine import Engine
+from app.lanes import DONE, REPLAY, STOPPED, Lane, replay_lane, round_robin
+from app.options import MAX_PROMPT_CHARS
+from app.session import Session
+from app.whatif import REPLAYED, VERIFIED, follow_tokens, what_if
+from dart_core.acceptance import SamplingConfig
+from dart_core.trace import Trace
+from dart_core.tree import TokenTree
+from dart_core.tree_search import SearchConfig
+from tests.app_fixtures import hand_ngram, hand_trace, tiny_engine, tiny_traces
+
+DEFAULTS = dict(use_pld=False, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=12, seed=0, node_budget=12,
+                beam_width=4, topk=6, ngram_weight=0.5, level_exponent=0.7, logit_decay=0.9)
+
+
+def run_args(prompt="abc", **over):
+    d = dict(DEFAULTS, **over)
+    return (prompt, d["use_pld"], d["temperature"], d["top_p"], d["top_k"], d["max_new_tokens"], d["seed"],
+            d["node_budget"], d["beam_width"], d["topk"], d["ngram_weight"], d["level_exponent"], d["logit_decay"])
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return tiny_engine()
+
+
+@pytest.fixture
+def cb(engine, tmp_path):
+    return Callbacks(engine, tmp_path)
+
+
+def run_all(cb, session, *args):
+    return list(cb.run(session, *args))
+
+
+def stepped_lane(update: dict) -> str:
+    """Which lane a streaming update came from (a plain step also refreshes DART's card, for its speedup)."""
+    if "lane_pld" in update:
+        return "pld"
+    return "vanilla" if "lane_vanilla" in update else "dart"
+
+
+# ---------------------------------------------------------------------------------------------- generation
+def test_run_streams_lanes_round_robin_and_finishes(cb):
+    session = Session()
+    updates = run_all(cb, session, *run_args("hello", use_pld=True))
+    lanes = session.lanes
+    assert list(lanes) == ["vanilla", "dart", "pld"]
+    assert all(lane.status == DONE for lane in lanes.values())
+    # Lossless: greedy DART and prompt lookup emit exactly plain decoding's tokens.
+    assert lanes["dart"].trace.output_ids == lanes["vanilla"].trace.output_ids == lanes["pld"].trace.output_ids
+    assert len(lanes["vanilla"].trace.output_ids) == 12
+    # After the first full view, each update comes from one lane step, taken in turn while all three run.
+    assert [stepped_lane(u) for u in updates[1:7]] == ["vanilla", "dart", "pld"] * 2
+    # Each lane's time is the sum of its own steps only, and the lane cards show their numbers.
+    for lane in lanes.values():
+        assert 0 < lane.own_time < sum(other.own_time for other in lanes.values())
+    final = updates[-1]
+    assert 'data-status="done · token limit"' in final["lane_dart"]
+    assert "speedup" in final["lane_dart"] and "τ" in final["lane_dart"]
+    assert final["downloads"] and all(p.endswith(".json") for p in final["downloads"])
+    saved = {Trace.load(p).method: Trace.load(p) for p in final["downloads"]}
+    assert saved["dart"].output_ids == lanes["dart"].trace.output_ids
+    assert saved["dart"].settings["lane_time_s"] == pytest.approx(lanes["dart"].own_time, abs=1e-5)
+    assert all(t in saved["dart"].token_text for t in saved["dart"].mentioned_tokens())   # replayable alone
+
+
+def test_stop_ends_within_one_step(cb):
+    session = Session()
+    gen = cb.run(session, *run_args("stop me", max_new_tokens=40))
+    for _ in range(4):       # the initial view, then three lane steps
+        next(gen)
+    made = {k: len(lane.trace.steps) for k, lane in session.lanes.items()}
+    out = cb.stop(session)
+    assert list(gen) == []   # the run ends at once: no further step, no further update
+    assert {k: len(lane.trace.steps) for k, lane in session.lanes.items()} == made
+    assert all(lane.status == STOPPED for lane in session.lanes.values())
+    assert "Stopped" in out["message"] and out["downloads"]
+    assert out["step"]["maximum"] >= 1
+
+
+def test_round_robin_stop_flag_and_lane_errors(engine):
+    sampling, search = SamplingConfig(), SearchConfig(node_budget=8)
+    prompt = [1, 5, 6, 7]
+
+    def lane(method):
+        trace = engine.new_trace(method, prompt, "", sampling, search, 30)
+        return Lane(method, trace, engine.steps(method, prompt, sampling, search, 30))
+
+    stop = threading.Event()
+    lanes = [lane("vanilla"), lane("dart")]
+    seen = []
+    for ln, step in round_robin(lanes, stop):
+        seen.append(ln.key)
+        if len(seen) == 5:
+            stop.set()
+    assert seen == ["vanilla", "dart", "vanilla", "dart", "vanilla"]
+    assert [len(ln.trace.steps) for ln in lanes] == [3, 2]
+
+    def broken():
+        yield from ()
+        raise RuntimeError("boom")
+
+    bad = Lane("pld", Trace("pld", prompt), broken())
+    good = lane("vanilla")
+    list(round_robin([bad, good]))
+    assert bad.status == "error" and "boom" in bad.error and good.status == DONE
+
+
+def test_two_sessions_never_share_text_or_traces(cb):
+    a, b = Session(), Session()
+    gen_a = cb.run(a, *run_args("first prompt"))
+    gen_b = cb.run(b, *run_args("zz other", max_new_tokens=6))
+    outs_a, outs_b = [], []
+    for out_a, out_b in zip(gen_a, gen_b):   # interleaved, as two browsers would be
+        outs_a.append(out_a)
+        outs_b.append(out_b)
+    outs_a += list(gen_a)
+    outs_b += list(gen_b)
+    assert a.lanes["dart"].trace is not b.lanes["dart"].trace
+    assert a.lanes["dart"].trace.prompt_text == "first prompt" and b.lanes["dart"].trace.prompt_text == "zz other"
+    assert len(a.lanes["vanilla"].trace.output_ids) == 12 and len(b.lanes["vanilla"].trace.output_ids) == 6
+    # Same answers as a session running alone.
+    solo = Session()
+    run_all(cb, solo, *run_args("first prompt"))
+    assert solo.lanes["dart"].trace.output_ids == a.lanes["dart"].trace.output_ids
+    assert all(u.get("state", a) is a for u in outs_a) and all(u.get("state", b) is b for u in outs_b)
+    assert set(outs_a[-1]["downloads"]).isdisjoint(outs_b[-1]["downloads"])
+
+
+@pytest.mark.parametrize("prompt, over, expect", [
+    ("", {}, "The prompt is empty"),
+    ("   \n", {}, "The prompt is empty"),
+    ("x" * (MAX_PROMPT_CHARS + 1), {}, "too long"),
+    ("ok", {"node_budget": 1000}, "Node budget must be between 0 and 256"),
+    ("ok", {"temperature": -1}, "Temperature must be between"),
+    ("ok", {"top_p": 0}, "Top-p must be between"),
+    ("ok", {"max_new_tokens": 2.5}, "Max new tokens must be a whole number"),
+    ("ok", {"beam_width": "abc"}, "Beam width must be a number"),
+    ("ok", {"seed": None}, "Seed is empty"),
+])
+def test_bad_input_gives_a_message_not_a_run(cb, prompt, over, expect):
+    session = Session()
+    with pytest.warns(UserWarning, match=expect):
+        updates = run_all(cb, session, *run_args(prompt, **over))
+    assert len(updates) == 1 and expect in updates[0]["message"]
+    assert 'class="msg-box msg-error"' in updates[0]["message"]
+    assert session.lanes == {}
+
+
+def test_prompt_too_many_tokens(engine, tmp_path, monkeypatch):
+    monkeypatch.setattr("app.engine.MAX_PROMPT_TOKENS", 5)
+    with pytest.warns(UserWarning, match="too long: 9 tokens, at most 5"):
+        updates = run_all(Callbacks(engine, tmp_path), Session(), *run_args("12345678"))
+    assert "too long" in updates[0]["message"]
+
+
+def test_replay_mode_cannot_generate(tmp_path):
+    cb = Callbacks(Engine.replay_only(None), tmp_path)
+    with pytest.warns(UserWarning, match="Replay mode"):
+        updates = run_all(cb, None, *run_args("hello"))
+    assert "Replay mode" in updates[0]["message"]
+
+
+# ---------------------------------------------------------------------------------------------- step selection
+def test_step_selection_click_and_bounds(cb):
+    session = Session()
+    run_all(cb, session, *run_args("steps"))
+    n = len(session.lanes["dart"].trace.steps)
+    view = cb.token_click(session, {"lane": "dart", "step": 2})
+    assert view["step"]["value"] == 2 and view["lane"]["value"] == "dart" and session.follow is False
+    assert "step 2</b>" in view["step_info"]
+    assert view["tree"].layout.title.text.startswith("Step 2:")
+    assert cb.token_click(session, {"lane": "nope", "step": 1}) == {}
+    assert cb.token_click(session, "garbage") == {}
+    assert cb.move_step(session, "dart", n - 1, +1)["step"]["value"] == n - 1     # clamped at the end
+    assert cb.move_step(session, "dart", 0, -1)["step"]["value"] == 0
+    assert cb.pick_step(session, "vanilla", 3)["tree"].layout.title.text.startswith("Step 3:")
+    assert cb.show_step(session, "dart", "junk")["step"]["value"] == n - 1
+    pruned = cb.show_step(session, "dart", 1, True)["tree"]
+    assert any(t.name.startswith("pruned") for t in pruned.data)
+
+
+def test_follow_newest_step_while_generating(cb):
+    session = Session()
+    gen = cb.run(session, *run_args("follow", max_new_tokens=20))
+    next(gen)
+    dart_updates = [u for u in (next(gen) for _ in range(6)) if "tree" in u]
+    assert [u["step"]["value"] for u in dart_updates] == [0, 1, 2]
+    cb.pick_step(session, "dart", 0)          # the user picks a step: following stops
+    later = [next(gen) for _ in range(4)]
+    assert not any("tree" in u for u in later)
+    assert any("step" in u and "value" not in u["step"] for u in later)   # only the slider's range grows
+    out = cb.stop(session)
+    assert "tree" not in out and "value" not in out["step"]                 # the picked step stays in view
+    list(gen)
+
+
+# ---------------------------------------------------------------------------------------------- replay
+def write(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def test_upload_replays_saved_traces(tmp_path):
+    cb = Callbacks(Engine.replay_only(None), tmp_path / "out")
+    traces = tiny_traces()
+    paths = [write(tmp_path, f"{k}.json", t.to_dict()) for k, t in traces.items()]
+    session = Session()
+    out = cb.upload(session, paths)
+    assert list(session.lanes) == ["vanilla", "dart", "pld"]
+    assert all(lane.status == REPLAY for lane in session.lanes.values())
+    assert "Loaded" in out["message"] and "msg-info" in out["message"]
+    assert out["lane_dart"].count('class="tok tok-') == len(traces["dart"].output_ids)
+    assert out["step"]["maximum"] == len(traces["dart"].steps) - 1
+    assert out["tree"].layout.title.text.startswith(f"Step {len(traces['dart'].steps) - 1}:")
+    assert out["lane"]["value"] == "dart"
+    assert out["wi_node_budget"] == traces["dart"].settings["search"]["node_budget"]
+
+
+@pytest.mark.parametrize("content, expect", [
+    ("not json {", "is not JSON"),
+    ({"format": "something-else"}, "not a DART Lab trace"),
+    ({"format": "dart-lab-trace/1", "method": "dart"}, "trace is damaged"),
+    ({**hand_trace().to_dict(), "method": "magic"}, "unknown method"),
+    ({**hand_trace().to_dict(), "steps": []}, "has no steps"),
+])
+def test_invalid_trace_files_give_a_message(tmp_path, content, expect):
+    cb = Callbacks(Engine.replay_only(None), tmp_path / "out")
+    session = Session()
+    with pytest.warns(UserWarning, match="Could not load the trace"):
+        out = cb.upload(session, [write(tmp_path, "bad.json", content)])
+    assert expect in out["message"] and session.lanes == {}
+
+
+def test_trace_with_a_broken_step_is_rejected(tmp_path):
+    data = hand_trace().to_dict()
+    data["steps"][1]["path"] = [0, 99]
+    cb = Callbacks(Engine.replay_only(None), tmp_path / "out")
+    with pytest.warns(UserWarning):
+        out = cb.upload(Session(), [write(tmp_path, "broken.json", data)])
+    assert "not inside its tree" in out["message"]
+
+
+def test_file_name_in_message_is_escaped(tmp_path):
+    cb = Callbacks(Engine.replay_only(None), tmp_path / "out")
+    with pytest.warns(UserWarning):
+        out = cb.upload(Session(), [write(tmp_path, "<img src=x>.json", "nope")])
+    assert "<img" not in out["message"] and "&lt;img" in out["message"]
+
+
+# ---------------------------------------------------------------------------------------------- what-if
+def test_follow_tokens():
+    tree = TokenTree([1, 5, 6, 7, 8], [-1, 0, 0, 1, 3])
+    assert follow_tokens(tree, [5, 7, 8, 9]) == ([0, 1, 3, 4], 9)
+    assert follow_tokens(tree, [6, 3]) == ([0, 2], 3)
+    assert follow_tokens(tree, [5]) == ([0, 1], None)
+
+
+def test_what_if_same_knobs_reproduces_the_recorded_step():
+    trace = hand_trace()
+    step = trace.steps[1]
+    cfg = SearchConfig.from_dict(trace.settings["search"])
+    result = what_if(trace, 1, cfg, hand_ngram(), frozenset({2}))
+    assert result.how == REPLAYED
+    assert result.tree.tokens == step.tree.tokens and result.tree.parents == step.tree.parents
+    assert result.path == step.path and result.bonus == step.new_tokens[-1]
+    smaller = what_if(trace, 1, SearchConfig(topk=3, beam_width=2, node_budget=1), hand_ngram(), frozenset({2}))
+    assert len(smaller.tree) == 2 and smaller.accepted == 1 and smaller.bonus == 23
+
+
+def test_what_if_callback_without_model(tmp_path):
+    cb = Callbacks(Engine(ngram=hand_ngram()), tmp_path)
+    session = Session()
+    session.new_run([replay_lane(hand_trace())])
+    out = cb.what_if(session, "dart", 1, 1, 2, 3, 0.5, 0.7, 0.9)
+    assert out["wi_tree"].layout.title.text.startswith("What-if on step 1: 1 draft nodes, 1 accepted")
+    assert "Recorded</b>: 5 nodes, 2 accepted" in out["wi_info"] and "greedy" in out["wi_info"]
+    with pytest.warns(UserWarning, match="no draft rows"):
+        assert "no draft rows" in cb.what_if(session, "dart", 0, 5, 2, 3, 0.5, 0.7, 0.9)["message"]
+    with pytest.warns(UserWarning, match="Node budget must be"):
+        cb.what_if(session, "dart", 1, -3, 2, 3, 0.5, 0.7, 0.9)
+    with pytest.warns(UserWarning, match="Run a prompt"):
+        cb.what_if(Session(), "dart", 1, 5, 2, 3, 0.5, 0.7, 0.9)
+
+
+def test_what_if_verified_by_the_model_matches_the_greedy_replay(cb):
+    session = Session()
+    run_all(cb, session, *run_args("what if", max_new_tokens=16))
+    trace = session.lanes["dart"].trace
+    engine = cb.engine
+    for index in range(1, len(trace.steps)):
+        for budget in (3, 30):
+            cfg = SearchConfig(node_budget=budget, beam_width=4, topk=6)
+            verified = what_if(trace, index, cfg, engine.ngram, engine.stop_ids, engine.verifier(SamplingConfig()))
+            replayed = what_if(trace, index, cfg, engine.ngram, engine.stop_ids)
+            assert verified.how == VERIFIED and replayed.how == REPLAYED
+            assert verified.path == replayed.path
+            if replayed.bonus is not None:
+                assert verified.bonus == replayed.bonus
+    out = cb.what_if(session, "dart", 1, 3, 4, 6, 0.5, 0.7, 0.9)
+    assert "verified with one target forward" in out["wi_info"]
+    with pytest.warns(UserWarning, match="needs a DART step"):
+        cb.what_if(session, "vanilla", 1, 3, 4, 6, 0.5, 0.7, 0.9)
+
+
+def test_clear_resets_the_session(cb):
+    session = Session()
+    run_all(cb, session, *run_args("clear me", max_new_tokens=4))
+    out = cb.clear(session)
+    assert session.lanes == {} and out["prompt"] == "" and out["downloads"] is None
+    assert "Run a prompt to fill this lane" in out["lane_dart"]
+
+
+def test_only_the_latest_traces_stay_on_disk(cb):
+    session = Session()
+    first = run_all(cb, session, *run_args("one", max_new_tokens=3))[-1]["downloads"]
+    second = run_all(cb, session, *run_args("two", max_new_tokens=3))[-1]["downloads"]
+    assert all(not os.path.exists(p) for p in first)
+    assert all(Trace.load(p).prompt_text == "two" for p in second)
+
+
+def test_stop_when_nothing_runs_says_nothing(cb):
+    session = Session()
+    run_all(cb, session, *run_args("done", max_new_tokens=3))
+    out = cb.stop(session)
+    assert out["message"] == "" and all(lane.status == DONE for lane in session.lanes.values())
+
+
+def test_app_wiring_queue_cancels_and_no_tracebacks(tmp_path):
+    from app.ui import build_app
+    demo = build_app(Engine.replay_only(None), trace_dir=tmp_path)
+    fns = {f.api_name: f for f in demo.fns.values()}
+    run, stop, clear, what = fns["run"], fns["stop"], fns["clear"], fns["what_if"]
+    # Everything that drives the model shares one queue slot across all sessions.
+    for f in (run, what):
+        assert f.concurrency_limit == 1 and f.concurrency_id == "model"
+    submit = next(f for f in demo.fns.values() if [t[1] for t in f.targets] == ["submit"])
+    assert submit.concurrency_id == "model"
+    ids = {id(f): i for i, f in demo.fns.items()}
+    for f in (stop, clear):   # Stop and Clear each also fire a cancel of the run (button and Enter in the prompt)
+        cancel = next(c for c in demo.fns.values() if c.is_cancel_function and c.targets == f.targets)
+        assert {ids[id(run)], ids[id(submit)]} <= set(cancel.cancels)
+    # An unexpected error inside a handler becomes a message box, not a traceback.
+    with pytest.warns(UserWarning, match="Something went wrong"):
+        out = what.fn("not a session", "dart", 1, 5, 2, 3, 0.5, 0.7, 0.9)
+    message = next(v for k, v in out.items() if getattr(k, "elem_id", None) == "message")
+    assert "Something went wrong: AttributeError" in message and "Traceback" not in message

@@ -1,0 +1,98 @@
+"""End to end in a real headless browser: Debian's chromium driven by selenium (no browser download).
+
+Starts `python app.py` (default model, random draft head) on a free port, types a prompt, runs it, waits for both
+lanes, checks that the tree is drawn and that the step selector (prev, slider, token click) changes it, and replays
+an uploaded trace. Skips, saying why, only when chromium, chromedriver or selenium is missing (.ci/run installs them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+
+from tests.app_browser import (find_chromium, make_driver, open_accordion, run_prompt, serve_app, set_slider,
+                               tree_points, tree_title, wait_for)
+from tests.app_fixtures import hand_trace
+
+BROWSER, DRIVER, WHY = find_chromium()
+# In CI (.ci/run installs chromium) a missing browser is a failure, elsewhere a skip that says why.
+pytestmark = pytest.mark.skipif(bool(WHY) and not os.environ.get("CI"),
+                                reason=f"end-to-end browser test skipped: {WHY}")
+
+MAX_NEW = 24
+
+
+def title_step(drv) -> int:
+    m = re.match(r"Step (\d+):", tree_title(drv))
+    assert m, tree_title(drv)
+    return int(m.group(1))
+
+
+def test_run_explore_and_replay_in_a_browser(tmp_path):
+    if WHY:
+        pytest.fail(f"CI must run the browser test, but {WHY}")
+    from selenium.webdriver.common.by import By
+
+    start = time.monotonic()
+    with serve_app("--draft", "random", "--ngram", "none", log_path=tmp_path / "app.log") as url:
+        drv = make_driver(BROWSER, DRIVER, 1500, 1400)
+        try:
+            drv.get(url)
+            open_accordion(drv, "Sampling")
+            set_slider(drv, "max-new-tokens", MAX_NEW)
+            run_prompt(drv, "Write a Python function that adds two numbers.", timeout=240)
+
+            # Both lanes wrote the same greedy answer; DART's text marks token origins.
+            plain = drv.find_element(By.CSS_SELECTOR, "#lane-vanilla .lane-text").text
+            dart = drv.find_element(By.CSS_SELECTOR, "#lane-dart .lane-text").text
+            assert plain and plain == dart
+            tokens = drv.find_elements(By.CSS_SELECTOR, "#lane-dart .tok")
+            assert len(tokens) == MAX_NEW
+            assert "tok/s" in drv.find_element(By.CSS_SELECTOR, "#lane-dart .lane-stats").text
+            assert drv.find_element(By.CSS_SELECTOR, "#message").text == ""
+
+            # The tree of the newest step is drawn: one marker per node (+ the bonus token).
+            last = wait_for(drv, lambda d: title_step(d) > 0 and title_step(d), 30, "the tree of the last step")
+            assert tree_points(drv) >= 2
+            drv.save_screenshot(str(tmp_path / "after-run.png"))
+
+            # Prev, the slider and a click on a token each change the tree shown.
+            drv.find_element(By.CSS_SELECTOR, "#prev-btn").click()
+            wait_for(drv, lambda d: title_step(d) == last - 1, 30, "the previous step's tree")
+            set_slider(drv, "step-slider", 2)
+            wait_for(drv, lambda d: title_step(d) == 2, 30, "step 2's tree")
+            token = drv.find_elements(By.CSS_SELECTOR, "#lane-dart .tok")[5]
+            clicked = int(token.get_attribute("data-step"))
+            token.click()
+            wait_for(drv, lambda d: title_step(d) == clicked, 30, f"step {clicked}'s tree after a token click")
+            before = tree_points(drv)
+            drv.find_element(By.CSS_SELECTOR, "#show-pruned input").click()
+            wait_for(drv, lambda d: tree_points(d) > before, 30, "the pruned candidates")
+            drv.save_screenshot(str(tmp_path / "explore.png"))
+
+            # Replay: upload a saved trace; its lane and tree replace the run.
+            path = tmp_path / "hand-trace.json"
+            hand_trace().save(path)
+            open_accordion(drv, "Traces")
+            upload = wait_for(drv, lambda d: d.find_element(By.CSS_SELECTOR, "#upload input[type=file]"), 30,
+                              "the upload box")
+            upload.send_keys(str(path))
+            wait_for(drv, lambda d: "Loaded" in d.find_element(By.CSS_SELECTOR, "#message").text, 60,
+                     "the replay message")
+            wait_for(drv, lambda d: title_step(d) == 1, 30, "the replayed tree")
+            status = drv.find_element(By.CSS_SELECTOR, "#lane-dart .lane").get_attribute("data-status")
+            assert status.startswith("replay")
+            # Token text with markup is shown as text everywhere (the hand trace has the token "<b>bold</b>").
+            assert not drv.find_elements(By.CSS_SELECTOR, "#lane-dart b, #tree-plot b, #step-info b b")
+            tab = next(b for b in drv.find_elements(By.CSS_SELECTOR, "button[role=tab]") if "Pruning" in b.text)
+            tab.click()
+            wait_for(drv, lambda d: any(c.text == "<b>bold</b>" for c in d.find_elements(By.CSS_SELECTOR,
+                                                                                         "#prune-table .body-cell")),
+                     30, "the pruning table with the escaped token")
+            drv.save_screenshot(str(tmp_path / "replay.png"))
+        finally:
+            drv.quit()
+    assert time.monotonic() - start < 300

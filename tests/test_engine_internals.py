@@ -1,0 +1,246 @@
+"""Cache editing, context limits, bf16 verification, sampling through the loop, the draft head's files."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from dart_core.acceptance import SamplingConfig, processed_probs
+from dart_core.decoding import GenerationConfig, generate, plain_greedy_reference, run
+from dart_core.draft_head import DraftCache, DraftHead, DraftHeadError
+from dart_core.ngram import NGramModel
+from dart_core.proposers import DartProposer, HeadDrafter, VanillaProposer
+from dart_core.trace import Trace, TraceError
+from dart_core.tree import TokenTree
+from dart_core.tree_search import SearchConfig
+from tests.tiny import OracleDrafter, random_head, tiny_target
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_target("llama")
+
+
+def cache_tensors(cache):
+    return [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+
+
+def test_commit_and_rollback_equal_a_fresh_prefill(llama):
+    context = [5, 9, 11, 20, 7]
+    tree = TokenTree([30, 31, 32, 33, 34, 35], [-1, 0, 0, 1, 2, 4])
+    for path in ([0], [0, 1], [0, 2, 4], [0, 2, 4, 5], [0, 1, 3]):
+        cache = llama.new_cache()
+        llama.prefill(context, cache)
+        llama.verify(tree, cache)
+        llama.commit(cache, len(context), path)
+        fresh = llama.new_cache()
+        llama.prefill(context + [tree.tokens[i] for i in path], fresh)
+        for (k, v), (fk, fv) in zip(cache_tensors(cache), cache_tensors(fresh)):
+            assert k.shape == fk.shape
+            assert torch.allclose(k, fk, atol=1e-5) and torch.allclose(v, fv, atol=1e-5)
+    cache = llama.new_cache()
+    llama.prefill(context, cache)
+    llama.rollback(cache, 3)
+    fresh = llama.new_cache()
+    llama.prefill(context[:3], fresh)
+    assert all(torch.allclose(a[0], b[0], atol=1e-6) for a, b in zip(cache_tensors(cache), cache_tensors(fresh)))
+    with pytest.raises(ValueError):
+        llama.rollback(cache, 10)
+
+
+def test_tree_verification_equals_separate_chains(llama):
+    context = [4, 8, 15, 16, 23, 42]
+    tree = TokenTree([50, 51, 52, 53, 54], [-1, 0, 0, 1, 1])
+    cache = llama.new_cache()
+    llama.prefill(context, cache)
+    logits, feats = llama.verify(tree, cache, features=True)
+    assert feats.shape == (5, 3 * llama.hidden_size)
+    for node in range(len(tree)):
+        chain = context + [tree.tokens[i] for i in tree.path_to(node)]
+        with torch.inference_mode():
+            ref = llama.model(input_ids=torch.tensor([chain]), output_hidden_states=True)
+        assert torch.allclose(logits[node], ref.logits[0, -1], atol=1e-4)
+        taps = torch.cat([ref.hidden_states[i][0, -1] for i in llama.taps])  # hidden_states[i] = input of layer i
+        assert torch.allclose(feats[node], taps, atol=1e-4)
+
+
+def test_context_limit_stops_cleanly(llama):
+    prompt = [3, 4, 5, 6, 7, 8]
+    for max_context in (7, 8, 12, 20):
+        expected = plain_greedy_reference(llama, prompt, max_context - len(prompt))
+        for proposer in (VanillaProposer(), DartProposer(OracleDrafter(llama, 4)),
+                         DartProposer(HeadDrafter(random_head(llama), llama))):
+            steps = list(generate(llama, proposer, prompt, GenerationConfig(100, max_context=max_context)))
+            out = [t for s in steps for t in s.new_tokens]
+            assert out == expected and len(prompt) + len(out) == max_context
+            assert steps[-1].stop_reason == "context_full"
+            assert all(s.context_len + len(s.tree) <= max_context for s in steps[1:])
+    with pytest.raises(ValueError, match="context limit"):
+        list(generate(llama, VanillaProposer(), prompt, GenerationConfig(5, max_context=6)))
+
+
+def test_bad_generation_input(llama):
+    with pytest.raises(ValueError, match="empty"):
+        list(generate(llama, VanillaProposer(), [], GenerationConfig()))
+    for n in (0, -3):
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            list(generate(llama, VanillaProposer(), [5], GenerationConfig(max_new_tokens=n)))
+    with pytest.raises(ValueError, match="top_p"):
+        list(generate(llama, VanillaProposer(), [5], GenerationConfig(sampling=SamplingConfig(1.0, top_p=1.5))))
+
+
+def test_bf16_verification_matches_plain_forward():
+    """In bf16 a k-token forward rounds differently from k one-token forwards, so exact identity with plain bf16
+    decoding is not the contract; the verify logits on the accepted path must match a plain forward over the same
+    tokens within bf16 tolerance, and every accepted token must be the argmax of the verify logits."""
+    target = tiny_target("llama", dtype=torch.bfloat16, seed=5)
+    proposer = DartProposer(OracleDrafter(target, 3), SearchConfig(node_budget=20))
+    prompt = [7, 3, 9, 12, 40, 41]
+    committed = list(prompt)
+    cache_checked = 0
+    for step in generate(target, proposer, prompt, GenerationConfig(max_new_tokens=20)):
+        if step.kind == "prefill":
+            committed.append(step.new_tokens[0])
+            continue
+        tree = step.tree
+        cache = target.new_cache()
+        target.prefill(committed[:-1], cache)
+        logits, _ = target.verify(tree, cache)
+        path_tokens = [tree.tokens[i] for i in step.path]
+        with torch.inference_mode():
+            plain = target.model(input_ids=torch.tensor([committed[:-1] + path_tokens])).logits[0, -len(path_tokens):]
+        assert torch.allclose(logits[step.path].float(), plain.float(), atol=0.15, rtol=0.05)
+        argmax = logits.argmax(-1)
+        for parent, child in zip(step.path[:-1], step.path[1:]):
+            assert int(argmax[parent]) == tree.tokens[child]
+        assert int(argmax[step.path[-1]]) == step.new_tokens[-1] or step.stop_reason
+        committed.extend(step.new_tokens)
+        cache_checked += 1
+    assert cache_checked > 2
+
+
+def test_sampling_through_the_loop_matches_the_target_distribution():
+    """First two tokens of DART sampling vs the exact processed target distribution (chi-square, fixed seed)."""
+    target = tiny_target("llama", vocab=16, hidden=32, layers=4, seed=11)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.2)  # soften: several tokens carry real probability
+    sampling = SamplingConfig(temperature=1.0, top_p=0.9, top_k=4, seed=0)
+    prompt = [3, 5, 7]
+    with torch.inference_mode():
+        p1 = processed_probs(target.model(input_ids=torch.tensor([prompt])).logits[0, -1], sampling).double()
+        joint = {}
+        for a in torch.nonzero(p1).flatten().tolist():
+            p2 = processed_probs(target.model(input_ids=torch.tensor([prompt + [a]])).logits[0, -1], sampling)
+            for b in torch.nonzero(p2).flatten().tolist():
+                joint[(a, b)] = float(p1[a] * p2[b])
+    proposer = DartProposer(HeadDrafter(random_head(target, n_mask=2, seed=3), target),
+                            SearchConfig(topk=6, beam_width=4, node_budget=10))
+    counts = dict.fromkeys(joint, 0)
+    n = 1500
+    gen_seed = random.Random(0)
+    for _ in range(n):
+        cfg = GenerationConfig(max_new_tokens=2, sampling=SamplingConfig(1.0, 0.9, 4, seed=gen_seed.randrange(2**31)))
+        out = run(target, proposer, prompt, cfg).output_ids
+        counts[tuple(out)] += 1
+    keys = sorted(joint)
+    expected = np.asarray([joint[k] for k in keys])
+    assert chisquare([counts[k] for k in keys], expected / expected.sum() * n).pvalue > 1e-3
+
+
+def test_draft_head_save_load_round_trip(tmp_path, llama):
+    head = random_head(llama, n_mask=2, seed=4)
+    head.save(tmp_path / "h")
+    loaded = DraftHead.load(tmp_path / "h")
+    feats = torch.randn(5, 3 * llama.hidden_size)
+    embeds = torch.randn(5, llama.hidden_size)
+    w = llama.lm_head.weight
+    assert torch.equal(head(feats, embeds, DraftCache(), w), loaded(feats, embeds, DraftCache(), w))
+
+
+def test_training_forward_equals_inference_forward(llama):
+    """forward_train's block-masked rows for anchor p equal the inference forward after committing p."""
+    head = random_head(llama, n_mask=3, seed=8, draft_vocab_size=40, tie_output=False)
+    T = 12
+    feats = torch.randn(T, 3 * llama.hidden_size)
+    embeds = torch.randn(T, llama.hidden_size)
+    anchors = torch.tensor([2, 5, 9, 11])
+    with torch.no_grad():
+        train_rows = head.forward_train(feats, embeds, anchors)
+        for a, p in enumerate(anchors.tolist()):
+            cache = DraftCache()
+            head(feats[:3], embeds[:3], cache)   # drafting steps as decoding would take them
+            if p + 1 > 3:
+                rows = head(feats[3:p + 1], embeds[3:p + 1], cache)
+            else:
+                cache = DraftCache()
+                rows = head(feats[:p + 1], embeds[:p + 1], cache)
+            assert torch.allclose(train_rows[a], rows, atol=1e-4)
+
+
+def test_draft_head_file_errors(tmp_path, llama):
+    head = random_head(llama, n_mask=2)
+    folder = tmp_path / "h"
+    head.save(folder)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DraftHeadError, match="corrupt or truncated"):
+        DraftHead.load(folder)
+    head.save(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["intermediate_size"] += 1
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DraftHeadError, match="gate_proj.weight.*shape"):
+        DraftHead.load(folder)
+    config["intermediate_size"] -= 1
+    config["tie_output"] = False
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DraftHeadError, match="lacks weight 'lm_head.weight'"):
+        DraftHead.load(folder)
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(DraftHeadError, match="not valid JSON"):
+        DraftHead.load(folder)
+    with pytest.raises(DraftHeadError, match="no config.json"):
+        DraftHead.load(tmp_path / "missing")
+
+
+def test_head_for_another_model_is_refused():
+    small = tiny_target("llama", hidden=64, vocab=96)
+    other_hidden = tiny_target("llama", hidden=32, vocab=96)
+    other_vocab = tiny_target("llama", hidden=64, vocab=80)
+    head = random_head(small)
+    with pytest.raises(DraftHeadError, match="hidden size 64.*32"):
+        HeadDrafter(head, other_hidden)
+    with pytest.raises(DraftHeadError, match="vocabulary of 96.*80"):
+        HeadDrafter(head, other_vocab)
+    deeper = tiny_target("llama", hidden=64, vocab=96, layers=8)
+    with pytest.raises(DraftHeadError, match="6-layer"):
+        HeadDrafter(head, deeper)
+
+
+def test_trace_json_round_trip(tmp_path, llama):
+    ngram = NGramModel.build([[5, 6, 7, 5, 6, 8]], vocab_size=llama.vocab_size)
+    proposer = DartProposer(HeadDrafter(random_head(llama), llama), SearchConfig(node_budget=12), ngram)
+    trace = run(llama, proposer, [5, 6, 7, 9], GenerationConfig(max_new_tokens=6), settings={"note": "x"})
+    trace.token_text = {t: f"<{t}>" for t in trace.mentioned_tokens()}
+    trace.save(tmp_path / "t.json")
+    back = Trace.load(tmp_path / "t.json")
+    assert back.output_ids == trace.output_ids and back.settings == {"note": "x"}
+    assert back.token_text == trace.token_text
+    for a, b in zip(trace.steps, back.steps):
+        assert a.tree == b.tree and a.path == b.path and a.new_tokens == b.new_tokens
+        if a.candidates is not None:
+            assert np.array_equal(a.candidates.token, b.candidates.token)
+            assert list(a.candidates.fate) == list(b.candidates.fate)
+            assert np.allclose(a.candidates.score, b.candidates.score, atol=1e-5)
+            assert np.array_equal(np.isnan(a.candidates.ngram_prob), np.isnan(b.candidates.ngram_prob))
+            assert np.allclose(a.rows_probs, b.rows_probs, atol=1e-6)
+    (tmp_path / "bad.json").write_text('{"format": "something else"}')
+    with pytest.raises(TraceError, match="not a DART Lab trace"):
+        Trace.load(tmp_path / "bad.json")
+    (tmp_path / "bad2.json").write_text("{")
+    with pytest.raises(TraceError, match="not JSON"):
+        Trace.load(tmp_path / "bad2.json")
