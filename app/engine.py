@@ -58,9 +58,6 @@ class Engine:
                 notices.append("The draft head is random (untrained, --draft random): the trees are real but almost "
                                "nothing gets accepted.")
         table = load_ngram(ngram)
-        if ngram == "default" and table is None:
-            notices.append("No n-gram table is shipped yet: the tree search runs without the n-gram term.")
-            ngram = "none"
         if table is not None and table.vocab_size != target.vocab_size:
             raise ValueError(f"the n-gram table has a vocabulary of {table.vocab_size}, the target "
                              f"{target.vocab_size}")

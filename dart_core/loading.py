@@ -62,11 +62,14 @@ def load_draft(spec: str | None, target: TargetModel, n_mask: int = 4, seed: int
 
 
 def load_ngram(spec: str | None) -> NGramModel | None:
-    """'none' -> no n-gram term; 'default' -> the shipped table if present; else an .npz file."""
+    """'none' -> no n-gram term; 'default' -> the default model's table (shipped, cached, or built once);
+    else an .npz file."""
     if spec in (None, "", "none"):
         return None
     if spec == "default":
-        return NGramModel.load(DEFAULT_NGRAM) if DEFAULT_NGRAM.is_file() else None
+        from .ngram_build import ensure_default_ngram
+
+        return NGramModel.load(ensure_default_ngram())
     return NGramModel.load(spec)
 
 

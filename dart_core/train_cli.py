@@ -110,7 +110,7 @@ def cmd_train(args) -> int:
         return sequence_example(target, rec["prompt_ids"], rec["response_ids"])
 
     heldout = [example(r) for r in heldout_recs]
-    stats = [example(r) for r in train_recs[:160]]
+    stats = [example(r) for r in train_recs[:96]]
     trainer = Trainer(target, stats, heldout, cfg, out, stop_ids=stops)
     if args.resume and trainer.resume():
         print(f"[train] resumed at step {trainer.step} ({trainer.sequences_seen} sequences seen)", flush=True)

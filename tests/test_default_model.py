@@ -1,0 +1,69 @@
+"""The embedded default: SmolLM2-135M-Instruct from its PyPI package, with the shipped head and n-gram table."""
+
+import pytest
+
+from dart_core.cli import main as cli_main
+from dart_core.decoding import GenerationConfig, run
+from dart_core.loading import DEFAULT_HEAD, encode_prompt, load_target, make_proposer, stop_ids
+from dart_core.metrics import Metrics
+from dart_core.models import ModelLoadError, resolve_model_path
+
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "What is the capital of France? Answer in one sentence.",
+    "List three benefits of regular exercise.",
+]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target("default", "cpu", "fp32")
+
+
+def test_default_model_loads_offline(target):
+    assert target.num_layers == 30 and target.hidden_size == 576 and target.vocab_size == 49152
+    assert target.tokenizer.chat_template
+    ids = encode_prompt(target, "Hello!")
+    assert ids[-3:] == target.tokenizer.encode("<|im_start|>assistant\n")[-3:]
+    assert 2 in stop_ids(target)
+
+
+def test_shipped_head_is_lossless_and_trained(target):
+    assert (DEFAULT_HEAD / "config.json").is_file(), "the trained head must be shipped in assets/"
+    dart = make_proposer("dart", target, "default", "default")
+    vanilla = make_proposer("vanilla", target)
+    metrics = Metrics()
+    cfg = GenerationConfig(max_new_tokens=48, stop_ids=stop_ids(target))
+    for text in PROMPTS:
+        ids = encode_prompt(target, text)
+        expected = run(target, vanilla, ids, cfg).output_ids
+        trace = run(target, dart, ids, cfg)
+        assert trace.output_ids == expected
+        for step in trace.steps:
+            metrics.observe(step)
+    print(f"shipped head tau on {len(PROMPTS)} prompts: {metrics.tau:.2f}")
+    assert metrics.tau > 1.4  # a random head gives 1.0: this one has learned to draft
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        resolve_model_path(str(tmp_path))
+    assert cli_main(["generate", "--model", str(tmp_path), "--prompt", "hi"]) == 2
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["generate", "--prompt", "   "], "prompt is empty"),
+    (["generate", "--prompt", "hi", "--node-budget", "-1"], "node_budget"),
+    (["generate", "--prompt", "hi", "--top-p", "2"], "top_p"),
+])
+def test_cli_bad_arguments_exit_with_one_line(argv, message, capsys):
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_unknown_method_is_rejected(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["generate", "--prompt", "hi", "--method", "eagle"])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err

@@ -1,0 +1,95 @@
+"""Training the draft head end to end on a tiny model (seconds), and what the trained files promise."""
+
+import random
+
+import pytest
+import torch
+
+from dart_core.decoding import GenerationConfig, plain_greedy_reference, run
+from dart_core.draft_head import DraftHead, DraftHeadError
+from dart_core.proposers import DartProposer, HeadDrafter
+from dart_core.train import Trainer, TrainConfig, choose_draft_vocab, sequence_batch
+from dart_core.train_data import sequence_example
+from tests.tiny import tiny_target
+
+
+@pytest.fixture(scope="module")
+def data():
+    target = tiny_target("llama", vocab=96, seed=2)
+    rng = random.Random(0)
+    seqs = []
+    for _ in range(14):
+        prompt = [rng.randrange(3, 96) for _ in range(6)]
+        seqs.append(sequence_example(target, prompt, plain_greedy_reference(target, prompt, 20)))
+    return target, seqs
+
+
+def test_sequence_examples_carry_the_targets_own_labels(data):
+    target, seqs = data
+    s = seqs[0]
+    assert s["features"].shape == (s["ids"].numel(), 3 * target.hidden_size)
+    # the responses are the target's greedy output, so its argmax label at position i is token i+1
+    start = s["prompt_len"] - 1
+    assert torch.equal(s["label_ids"][start:-1, 0], s["ids"][start + 1:])
+    assert torch.allclose(s["label_probs"].float().sum(-1), torch.ones(s["ids"].numel()), atol=0.5)
+
+
+def test_anchor_targets_line_up(data):
+    _, seqs = data
+    s = seqs[1]
+    batch = sequence_batch(s, 3, 50, random.Random(0), None)
+    for a, p in enumerate(batch["anchors"].tolist()):
+        assert p >= s["prompt_len"] - 1
+        for r in range(3):
+            if batch["row_ok"][a, r]:  # row r of anchor p: the target's choice for token p + 2 + r
+                assert int(batch["argmax"][a, r]) == int(s["label_ids"][p + 1 + r, 0])
+
+
+def test_training_runs_end_to_end_and_the_head_decodes_losslessly(data, tmp_path):
+    target, seqs = data
+    cfg = TrainConfig(n_mask=2, draft_vocab=48, anchors=8, accumulate=2, max_steps=6, eval_every=3, warmup=2,
+                      lr=3e-3)
+    trainer = Trainer(target, seqs[:6], seqs[:3], cfg, tmp_path / "run", stop_ids={2})
+    result = trainer.fit(lambda i: seqs[3 + i % 11], command="test")
+    assert result["steps"] == 6 and trainer.sequences_seen == 12
+    assert (tmp_path / "run" / "ckpt.pt").is_file()
+    head = DraftHead.load(tmp_path / "run" / "best")
+    assert head.config.draft_vocab_size == 48 and head.config.extra["command"] == "test"
+    assert 2 in head.d2t.tolist()  # stop ids are always in the draft vocabulary
+    assert head.config.extra["heldout"]["chain_tau"] >= 1.0
+    # resuming continues from the checkpoint with fresh sequences
+    again = Trainer(target, seqs[:6], seqs[:3], TrainConfig(**{**cfg.__dict__, "max_steps": 8}), tmp_path / "run",
+                    stop_ids={2})
+    assert again.resume() and again.step == 6 and again.sequences_seen == 12
+    again.fit(lambda i: seqs[3 + i % 11])
+    assert again.step == 8
+    prompt = [5, 17, 33, 8]
+    expected = plain_greedy_reference(target, prompt, 16)
+    assert run(target, DartProposer(HeadDrafter(head, target)), prompt,
+               GenerationConfig(max_new_tokens=16)).output_ids == expected
+
+
+def test_draft_vocab_prefers_frequent_target_tokens(data):
+    _, seqs = data
+    d2t = choose_draft_vocab(seqs, 10, must_include=[2])
+    assert len(d2t) == 10 and 2 in d2t.tolist() and torch.equal(d2t, d2t.sort().values)
+    counts = torch.zeros(96)
+    for s in seqs:
+        counts += torch.bincount(s["label_ids"][s["prompt_len"] - 1:, 0].long(), minlength=96)
+    chosen = set(d2t.tolist()) - {2}
+    others = set(range(96)) - chosen - {2}
+    assert min(counts[t] for t in chosen) >= max(counts[t] for t in others)
+
+
+def test_head_trained_for_another_model_is_refused(data, tmp_path):
+    target, _ = data
+    from dart_core.draft_head import DraftConfig
+
+    cfg = DraftConfig.for_target(target.config, n_mask=2, target_name="SomeOtherModel")
+    head = DraftHead.random(cfg)
+    target.config._name_or_path = "/models/ThisModel"
+    try:
+        with pytest.raises(DraftHeadError, match="trained for 'SomeOtherModel'.*'ThisModel'"):
+            head.check_target(target)
+    finally:
+        target.config._name_or_path = ""
