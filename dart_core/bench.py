@@ -166,7 +166,7 @@ class Cell:
         if run.metrics is not None:
             if self.metrics is None:
                 self.metrics = Metrics()
-            _merge_metrics(self.metrics, run.metrics)
+            self.metrics.merge(run.metrics)
         if run.reference is not None:
             self.reference = run.reference
             self.compared += 1
@@ -221,21 +221,6 @@ class Cell:
             if greedy else None,
             "divergences": self.divergences if greedy else None,
         }
-
-
-def _merge_metrics(into, other) -> None:
-    into.new_tokens += other.new_tokens
-    into.verify_steps += other.verify_steps
-    into.verify_tokens += other.verify_tokens
-    into.accepted_tokens += other.accepted_tokens
-    into.draft_nodes += other.draft_nodes
-    while len(into.accepted_hist) < len(other.accepted_hist):
-        into.accepted_hist.append(0)
-    for i, c in enumerate(other.accepted_hist):
-        into.accepted_hist[i] += c
-    into.wall_time += other.wall_time
-    for k, v in other.phase_time.items():
-        into.phase_time[k] = into.phase_time.get(k, 0.0) + v
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -392,7 +377,8 @@ def _run(args, methods, dtypes, temps, search_cfg, out_path, prompts, workload_i
             bar.set_description(f"bench {dtype}: loading")
             target = load_target(args.model, args.device, dtype)
             stops = stop_ids(target)
-            proposers = {m: make_proposer(m, target, args.draft, ngram, search_cfg, args.pld_tokens, args.pld_ngram)
+            proposers = {m: make_proposer(m, target, args.draft, ngram, search_cfg, args.pld_tokens, args.pld_ngram,
+                                           args.ngram_context_weight)
                          for m in methods if m not in HF_METHODS}
             keep = []
             for p in prompts:

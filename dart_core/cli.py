@@ -30,6 +30,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ngram-weight", type=float, default=d.ngram_weight)
     g.add_argument("--level-exponent", type=float, default=d.level_exponent, help="level weight (l+1)^-x")
     g.add_argument("--logit-decay", type=float, default=d.logit_decay, help="logit weight decay^l")
+    g.add_argument("--ngram-context-weight", type=float, default=0.0,
+                   help="also count the prompt's and output's own n-grams, with this weight (0 = static table only)")
 
 
 def search_config_from(args) -> SearchConfig:
@@ -85,7 +87,8 @@ def cmd_generate(args) -> int:
         raise CliError("the prompt is empty")
     target = load_target(args.model, args.device, args.dtype)
     gen_cfg.stop_ids = stop_ids(target)
-    proposer = make_proposer(args.method, target, args.draft, args.ngram, search_cfg)
+    proposer = make_proposer(args.method, target, args.draft, args.ngram, search_cfg,
+                             context_weight=args.ngram_context_weight)
     prompt_ids = encode_prompt(target, args.prompt, raw=args.raw)
     settings = {"model": args.model, "draft": args.draft, "ngram": args.ngram, "device": args.device,
                 "dtype": args.dtype, "sampling": sampling.to_dict(), "search": search_cfg.to_dict(),

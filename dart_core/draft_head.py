@@ -287,12 +287,14 @@ class DraftHead(nn.Module):
         if c.target_name and name and c.target_name != name:
             raise DraftHeadError(f"draft head was trained for {c.target_name!r}, the target is {name!r}")
 
-    def save(self, directory) -> None:
+    def save(self, directory, dtype: torch.dtype | None = None) -> None:
+        """Write config.json and model.safetensors; `dtype` (e.g. bf16, to halve the file) casts float weights."""
         from safetensors.torch import save_file
 
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
+                 for k, v in self.state_dict().items()}
         save_file(state, str(out / WEIGHTS_FILE))
         (out / CONFIG_FILE).write_text(json.dumps(self.config.to_dict(), indent=2))
 

@@ -11,6 +11,7 @@ import torch
 
 from .draft_head import DraftConfig, DraftHead, DraftHeadError
 from .models import DEFAULT_MODEL, load_model_and_tokenizer, parse_dtype
+from .context_ngram import ContextNGram
 from .ngram import NGramModel
 from .proposers import DartProposer, HeadDrafter, PromptLookupProposer, Proposer, VanillaProposer
 from .target import TargetModel
@@ -74,7 +75,9 @@ def load_ngram(spec: str | None) -> NGramModel | None:
 
 
 def make_proposer(method: str, target: TargetModel, draft: str | None = "default", ngram: str | None = "default",
-                  search_config: SearchConfig | None = None, pld_tokens: int = 10, pld_ngram: int = 3) -> Proposer:
+                  search_config: SearchConfig | None = None, pld_tokens: int = 10, pld_ngram: int = 3,
+                  context_weight: float = 0.0) -> Proposer:
+    """context_weight > 0 adds the prompt's and the output's own n-grams to the table (ContextNGram)."""
     if method == "vanilla":
         return VanillaProposer()
     if method == "pld":
@@ -85,6 +88,8 @@ def make_proposer(method: str, target: TargetModel, draft: str | None = "default
         if table is not None and table.vocab_size != target.vocab_size:
             raise ValueError(f"the n-gram table has a vocabulary of {table.vocab_size}, "
                              f"the target {target.vocab_size}")
+        if context_weight > 0:
+            table = ContextNGram(table, weight=context_weight)
         return DartProposer(HeadDrafter(head, target), search_config, table, eos_ids=stop_ids(target))
     raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
 

@@ -41,6 +41,20 @@ class Metrics:
             self.accepted_hist.append(0)
         self.accepted_hist[step.accepted] += 1
 
+    def merge(self, other: "Metrics") -> None:
+        """Add another run's counts and times to this one (wall times add up: runs are sequential)."""
+        self.new_tokens += other.new_tokens
+        self.verify_steps += other.verify_steps
+        self.verify_tokens += other.verify_tokens
+        self.accepted_tokens += other.accepted_tokens
+        self.draft_nodes += other.draft_nodes
+        self.accepted_hist += [0] * (len(other.accepted_hist) - len(self.accepted_hist))
+        for i, c in enumerate(other.accepted_hist):
+            self.accepted_hist[i] += c
+        self.wall_time += other.wall_time
+        for k, v in other.phase_time.items():
+            self.phase_time[k] = self.phase_time.get(k, 0.0) + v
+
     @classmethod
     def from_steps(cls, steps) -> "Metrics":
         m = cls()

@@ -85,6 +85,17 @@ class NGramModel:
         pos_c = np.minimum(pos, table.size - 1)
         return np.where(table[pos_c] == packed, cnt[pos_c], 0)
 
+    def continuation_counts(self, ctx: np.ndarray, tokens: np.ndarray, valid: np.ndarray):
+        """ctx [B, m] context suffixes (rows where `valid` is False are ignored), tokens [B, T].
+        Returns (count(ctx + token) [B, T], count(ctx) [B]) as float64."""
+        bits = np.uint64(self.bits)
+        ctx_key = np.zeros(len(ctx), dtype=np.uint64)
+        for j in range(ctx.shape[1]):
+            ctx_key = (ctx_key << bits) | np.where(valid, ctx[:, j], 0).astype(np.uint64)
+        den = np.where(valid, self._count(ctx.shape[1], ctx_key), 0).astype(np.float64)
+        num = self._count(ctx.shape[1] + 1, (ctx_key[:, None] << bits) | tokens.astype(np.uint64))
+        return (num * valid[:, None]).astype(np.float64), den
+
     def lookup(self, contexts: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Backoff probabilities of candidate tokens after contexts.
 
@@ -94,26 +105,7 @@ class NGramModel:
         Returns (probs [B, T] float64, matched [B, T] int8: the context length whose counts gave the
         probability, or UNSEEN (0)).
         """
-        contexts = np.asarray(contexts, dtype=np.int64)
-        tokens = np.asarray(tokens, dtype=np.int64)
-        B, T = tokens.shape
-        probs = np.zeros((B, T), dtype=np.float64)
-        matched = np.zeros((B, T), dtype=np.int8)
-        bits = np.uint64(self.bits)
-        max_len = min(self.order - 1, contexts.shape[1])
-        for length in range(max_len, 0, -1):
-            ctx = contexts[:, contexts.shape[1] - length:]
-            valid = (ctx >= 0).all(axis=1)                       # [B] this suffix exists in the context
-            ctx_key = np.zeros(B, dtype=np.uint64)
-            for j in range(length):
-                ctx_key = (ctx_key << bits) | np.where(valid, ctx[:, j], 0).astype(np.uint64)
-            ctx_count = np.where(valid, self._count(length, ctx_key), 0)     # [B]
-            full_key = (ctx_key[:, None] << bits) | tokens.astype(np.uint64)  # [B, T]
-            full_count = self._count(length + 1, full_key)
-            hit = (matched == UNSEEN) & (full_count > 0) & (ctx_count[:, None] > 0)
-            probs = np.where(hit, full_count / np.maximum(ctx_count[:, None], 1), probs)
-            matched = np.where(hit, np.int8(length), matched)
-        return probs, matched
+        return backoff(contexts, tokens, self.order, self.continuation_counts)
 
     def prob(self, context: Sequence[int], tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Single-context convenience form of `lookup`."""
@@ -150,3 +142,21 @@ class NGramModel:
             if keys[k].shape != counts[k].shape:
                 raise NGramError(f"{path}: keys{k + 1} and counts{k + 1} differ in length")
         return cls(order, vocab, keys, counts)
+
+
+def backoff(contexts, tokens, order: int, counts_fn) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's backoff over any count source: for the longest context suffix first, a token seen after it
+    gets count(suffix + token) / count(suffix); a token seen after no suffix gets 0 (UNSEEN).
+    counts_fn(ctx [B, m], tokens [B, T], valid [B]) -> (num [B, T], den [B])."""
+    contexts = np.asarray(contexts, dtype=np.int64)
+    tokens = np.asarray(tokens, dtype=np.int64)
+    probs = np.zeros(tokens.shape, dtype=np.float64)
+    matched = np.zeros(tokens.shape, dtype=np.int8)
+    for length in range(min(order - 1, contexts.shape[1]), 0, -1):
+        ctx = contexts[:, contexts.shape[1] - length:]
+        valid = (ctx >= 0).all(axis=1)
+        num, den = counts_fn(ctx, tokens, valid)
+        hit = (matched == UNSEEN) & (num > 0) & (den[:, None] > 0)
+        probs = np.where(hit, num / np.maximum(den[:, None], 1e-12), probs)
+        matched = np.where(hit, np.int8(length), matched)
+    return probs, matched

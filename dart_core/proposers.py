@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .draft_head import DraftCache, DraftHead
+from .context_ngram import ContextNGram
 from .ngram import NGramModel
 from .tree import TokenTree
 from .tree_search import Candidates, SearchConfig, search
@@ -129,7 +130,7 @@ class DartProposer(Proposer):
     needs_features = True
 
     def __init__(self, drafter: Drafter, search_config: SearchConfig | None = None,
-                 ngram: NGramModel | None = None, eos_ids=frozenset()):
+                 ngram: NGramModel | ContextNGram | None = None, eos_ids=frozenset()):
         self.drafter = drafter
         self.search_config = (search_config or SearchConfig()).validate()
         self.ngram = ngram
@@ -137,9 +138,13 @@ class DartProposer(Proposer):
 
     def reset(self):
         self.drafter.reset()
+        if hasattr(self.ngram, "reset"):  # a context-adaptive table forgets the previous prompt
+            self.ngram.reset()
 
     def propose(self, context, new_features, max_nodes):
         t0 = time.perf_counter()
+        if hasattr(self.ngram, "observe"):
+            self.ngram.observe(context)
         logits = self.drafter.draft(context, new_features)                  # [R, Vd]
         k = min(self.search_config.topk, logits.shape[-1])
         top = logits.float().topk(k, dim=-1)

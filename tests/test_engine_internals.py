@@ -158,6 +158,11 @@ def test_draft_head_save_load_round_trip(tmp_path, llama):
     embeds = torch.randn(5, llama.hidden_size)
     w = llama.lm_head.weight
     assert torch.equal(head(feats, embeds, DraftCache(), w), loaded(feats, embeds, DraftCache(), w))
+    head.save(tmp_path / "h16", dtype=torch.bfloat16)  # half the file; loads back into fp32 weights
+    small = DraftHead.load(tmp_path / "h16")
+    assert small.fc.weight.dtype == torch.float32
+    assert (tmp_path / "h16" / "model.safetensors").stat().st_size < 0.6 * (tmp_path / "h" / "model.safetensors").stat().st_size
+    assert torch.allclose(head(feats, embeds, DraftCache(), w), small(feats, embeds, DraftCache(), w), atol=0.1, rtol=0.05)
 
 
 def test_training_forward_equals_inference_forward(llama):
@@ -244,3 +249,16 @@ def test_trace_json_round_trip(tmp_path, llama):
     (tmp_path / "bad2.json").write_text("{")
     with pytest.raises(TraceError, match="not JSON"):
         Trace.load(tmp_path / "bad2.json")
+
+
+def test_metrics_definitions_and_merge(llama):
+    proposer = DartProposer(OracleDrafter(llama, 2), SearchConfig(node_budget=5))
+    a = run(llama, proposer, [5, 6, 7], GenerationConfig(max_new_tokens=10))
+    b = run(llama, VanillaProposer(), [5, 6, 7], GenerationConfig(max_new_tokens=4))
+    ma, mb = (__import__("dart_core.metrics", fromlist=["Metrics"]).Metrics.from_steps(t.steps) for t in (a, b))
+    assert ma.new_tokens == 10 and ma.tau == pytest.approx(9 / ma.verify_steps)
+    assert ma.tau == pytest.approx(1 + ma.accepted_tokens / ma.verify_steps, abs=1.0 / ma.verify_steps)
+    assert ma.acceptance_by_depth[0] >= ma.acceptance_by_depth[1]
+    total_steps = ma.verify_steps + mb.verify_steps
+    ma.merge(mb)
+    assert ma.new_tokens == 14 and ma.verify_steps == total_steps and sum(ma.accepted_hist) == total_steps

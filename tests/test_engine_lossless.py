@@ -100,3 +100,13 @@ def test_max_new_tokens_is_exact(llama, references):
     for n in (1, 2, 7):
         trace = run(llama, DartProposer(OracleDrafter(llama, 4)), list(prompt), GenerationConfig(max_new_tokens=n))
         assert trace.output_ids == expected[:n] and trace.steps[-1].stop_reason == "max_new_tokens"
+
+
+def test_dart_with_context_adaptive_ngram_is_lossless(llama, references):
+    from dart_core.context_ngram import ContextNGram
+
+    ngram = ContextNGram(NGramModel.build(prompts(20, llama.vocab_size, seed=5), vocab_size=llama.vocab_size))
+    proposer = DartProposer(HeadDrafter(random_head(llama, seed=2), llama), SearchConfig(node_budget=16), ngram)
+    for prompt, expected in list(references.items())[:10]:
+        assert run(llama, proposer, list(prompt), GenerationConfig(max_new_tokens=24)).output_ids == expected
+        assert ngram.seen[: len(prompt)] == list(prompt)  # it counted this prompt, not the previous one

@@ -99,3 +99,32 @@ def test_bad_input(tmp_path):
         NGramModel.load(bad)
     with pytest.raises(NGramError, match="not found"):
         NGramModel.load(tmp_path / "missing.npz")
+
+
+def test_context_ngram_adds_the_contexts_own_counts():
+    from dart_core.context_ngram import ContextNGram
+
+    static = NGramModel.build([[1, 2, 3, 1, 2, 4]], vocab_size=20, order=3)
+    ctx_model = ContextNGram(static, weight=2.0)
+    ctx_model.observe([7, 1, 2, 9, 5])
+    # after (1, 2): static 3 once, 4 once; context 9 once (x2): (1, 1, 2) / (2 + 2)
+    p, match = ctx_model.lookup(np.asarray([[1, 2]]), np.asarray([[3, 4, 9, 11]]))
+    assert p[0].tolist() == pytest.approx([0.25, 0.25, 0.5, 0.0]) and match[0].tolist() == [2, 2, 2, 0]
+    # a context-only continuation is found where the static table knows nothing
+    p, match = ctx_model.lookup(np.asarray([[9, 5]]), np.asarray([[1]]))
+    assert match[0, 0] == UNSEEN
+    ctx_model.observe([7, 1, 2, 9, 5, 1])   # grows incrementally
+    p, match = ctx_model.lookup(np.asarray([[9, 5]]), np.asarray([[1]]))
+    assert p[0, 0] == 1.0 and match[0, 0] == 2
+    ctx_model.observe([8, 8])                # a new prompt: counts start over
+    p, _ = ctx_model.lookup(np.asarray([[9, 5]]), np.asarray([[1]]))
+    assert p[0, 0] == 0.0
+    # without a static table it is a pure context model, and equals a table built from the context alone
+    pure = ContextNGram(None, order=3, weight=1.0)
+    stream = [3, 4, 5, 3, 4, 6, 3, 4, 5]
+    pure.observe(stream)
+    ref = NGramModel.build([stream], vocab_size=10, order=3)
+    ctx = np.asarray([[3, 4], [9, 4], [0, 5]])
+    toks = np.asarray([[5, 6, 3], [5, 6, 3], [3, 4, 5]])
+    for a, b in zip(pure.lookup(ctx, toks), ref.lookup(ctx, toks)):
+        assert np.allclose(a, b)
