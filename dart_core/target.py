@@ -92,9 +92,13 @@ class TargetModel:
         n = len(tree)
         ids = torch.tensor(tree.tokens, dtype=torch.long, device=self.device)
         pos = torch.tensor(tree.depths, dtype=torch.long, device=self.device) + past
-        mask = torch.ones(n, past + n, dtype=torch.bool, device=self.device)
-        mask[:, past:] = tree.ancestor_mask(self.device)
-        return self.forward(ids, pos, cache, attention_mask=mask[None, None], features=features)
+        if tree.parents == list(range(-1, n - 1)):
+            mask = None  # a chain (plain decoding, prompt lookup): the model's own causal mask is the tree mask
+        else:
+            mask = torch.ones(n, past + n, dtype=torch.bool, device=self.device)
+            mask[:, past:] = tree.ancestor_mask(self.device)
+            mask = mask[None, None]
+        return self.forward(ids, pos, cache, attention_mask=mask, features=features)
 
     # ------------------------------------------------------------------ cache edits
     @staticmethod

