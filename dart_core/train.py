@@ -45,13 +45,21 @@ class TrainConfig:
 
 
 # ---------------------------------------------------------------------------------------------- preparation
-def choose_draft_vocab(seqs: list[dict], size: int, must_include=()) -> torch.Tensor:
-    """The `size` most frequent target-argmax tokens of the responses (plus stop ids), as d2t: draft -> target."""
-    counts = torch.zeros(int(max(int(s["label_ids"].max()) for s in seqs)) + 1, dtype=torch.long)
+def choose_draft_vocab(seqs: list[dict], size: int, must_include=(), corpus_counts: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+    """The `size` most frequent target-argmax tokens of the responses (plus stop ids), as d2t: draft -> target.
+
+    corpus_counts ([V] token counts of a large corpus, e.g. the n-gram table's unigrams) are added, scaled to the
+    same total, so that a small sample of sequences does not decide the whole vocabulary."""
+    vocab = max(int(max(int(s["label_ids"].max()) for s in seqs)) + 1,
+                0 if corpus_counts is None else corpus_counts.numel())
+    counts = torch.zeros(vocab, dtype=torch.float64)
     for s in seqs:
         labels = s["label_ids"][s["prompt_len"] - 1:, 0].long()
-        counts += torch.bincount(labels, minlength=counts.numel())[: counts.numel()]
-    order = torch.argsort(counts, descending=True)
+        counts += torch.bincount(labels, minlength=vocab)[:vocab].double()
+    if corpus_counts is not None and corpus_counts.sum() > 0:
+        counts[: corpus_counts.numel()] += corpus_counts.double() * (counts.sum() / corpus_counts.sum())
+    order = torch.argsort(counts, descending=True, stable=True)
     chosen = [int(t) for t in must_include]
     for t in order.tolist():
         if len(chosen) >= size:
@@ -164,7 +172,7 @@ def soft_ce(logits: torch.Tensor, batch: dict, row_weights: torch.Tensor) -> tor
 # ---------------------------------------------------------------------------------------------- loop
 class Trainer:
     def __init__(self, target: TargetModel, stats_seqs: list[dict], heldout: list[dict], cfg: TrainConfig,
-                 out_dir, stop_ids=()):
+                 out_dir, stop_ids=(), corpus_counts: torch.Tensor | None = None):
         """stats_seqs: sequences used to choose the draft vocabulary and the feature statistics;
         heldout: sequences never trained on, for the metrics."""
         self.target, self.cfg, self.out = target, cfg, Path(out_dir)
@@ -172,7 +180,7 @@ class Trainer:
         self.heldout = heldout
         vocab = target.vocab_size
         if cfg.draft_vocab and cfg.draft_vocab < vocab:
-            d2t = choose_draft_vocab(stats_seqs, cfg.draft_vocab, stop_ids)
+            d2t = choose_draft_vocab(stats_seqs, cfg.draft_vocab, stop_ids, corpus_counts)
             self.coverage = vocab_coverage(heldout, d2t, vocab)
         else:
             d2t, self.coverage = None, 1.0

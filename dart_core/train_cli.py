@@ -45,6 +45,8 @@ def register(sub) -> None:
     t.add_argument("--row-decay", type=float, default=0.8)
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--vocab-ngram", default="default",
+                   help="n-gram table whose unigram counts help choose the draft vocabulary ('none' = labels only)")
     t.add_argument("--resume", action="store_true")
     t.set_defaults(handler=cmd_train)
 
@@ -86,6 +88,20 @@ def training_records(tokenizer, responses: list[str], sharegpt: int, max_tokens:
     return records
 
 
+def unigram_counts(spec: str, vocab_size: int):
+    """[V] token counts from an n-gram table (its 1-grams), or None."""
+    import torch
+
+    from .loading import load_ngram
+
+    table = load_ngram(spec)
+    if table is None:
+        return None
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    counts[torch.from_numpy(table.keys[0].astype("int64"))] = torch.from_numpy(table.counts[0]).double()
+    return counts
+
+
 def cmd_train(args) -> int:
     from .train import Trainer, TrainConfig
     from .train_data import sequence_example
@@ -111,7 +127,8 @@ def cmd_train(args) -> int:
 
     heldout = [example(r) for r in heldout_recs]
     stats = [example(r) for r in train_recs[:96]]
-    trainer = Trainer(target, stats, heldout, cfg, out, stop_ids=stops)
+    trainer = Trainer(target, stats, heldout, cfg, out, stop_ids=stops,
+                      corpus_counts=unigram_counts(args.vocab_ngram, target.vocab_size))
     if args.resume and trainer.resume():
         print(f"[train] resumed at step {trainer.step} ({trainer.sequences_seen} sequences seen)", flush=True)
     print(f"[train] draft vocabulary covers {trainer.coverage:.1%} of held-out target tokens", flush=True)

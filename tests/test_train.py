@@ -93,3 +93,11 @@ def test_head_trained_for_another_model_is_refused(data, tmp_path):
             head.check_target(target)
     finally:
         target.config._name_or_path = ""
+
+
+def test_corpus_counts_steer_the_draft_vocab(data):
+    _, seqs = data
+    corpus = torch.zeros(96, dtype=torch.float64)
+    corpus[90] = 1e6  # a token the sample never shows, but the corpus says is everywhere
+    assert 90 in choose_draft_vocab(seqs, 10, corpus_counts=corpus).tolist()
+    assert 90 not in choose_draft_vocab(seqs, 10).tolist()
