@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dart_core.acceptance import SamplingConfig
+from dart_core.loading import default_search_config
 from dart_core.tree_search import SearchConfig
 
 MAX_PROMPT_CHARS = 6000
@@ -23,7 +24,7 @@ class Knob:
     info: str = ""
 
 
-_S = SearchConfig()
+_S = default_search_config("cpu")  # the app's knob defaults: the CPU sweep's winner
 SAMPLING_KNOBS = (
     Knob("temperature", "Temperature", 0.0, 2.0, 0.0, 0.05, info="0 = greedy"),
     Knob("top_p", "Top-p", 0.05, 1.0, 1.0, 0.05),

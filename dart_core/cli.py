@@ -24,7 +24,8 @@ class _Parser(argparse.ArgumentParser):
 def add_search_args(p: argparse.ArgumentParser) -> None:
     d = SearchConfig()
     g = p.add_argument_group("tree search knobs")
-    g.add_argument("--node-budget", type=int, default=d.node_budget, help="draft tree nodes besides the root")
+    g.add_argument("--node-budget", type=int, default=None,
+                   help="draft tree nodes besides the root (default: 8 on CPU, measured; 60 elsewhere)")
     g.add_argument("--beam-width", type=int, default=d.beam_width)
     g.add_argument("--topk-per-row", type=int, default=d.topk, help="candidates per draft row")
     g.add_argument("--ngram-weight", type=float, default=d.ngram_weight)
@@ -35,7 +36,12 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
 
 
 def search_config_from(args) -> SearchConfig:
-    return SearchConfig(topk=args.topk_per_row, beam_width=args.beam_width, node_budget=args.node_budget,
+    from .loading import default_search_config
+
+    budget = args.node_budget
+    if budget is None:
+        budget = default_search_config(getattr(args, "device", "cpu")).node_budget
+    return SearchConfig(topk=args.topk_per_row, beam_width=args.beam_width, node_budget=budget,
                         level_exponent=args.level_exponent, logit_decay=args.logit_decay,
                         ngram_weight=args.ngram_weight).validate()
 

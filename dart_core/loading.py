@@ -21,8 +21,16 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_HEAD = ASSETS / "smollm2-dart-head"
 DEFAULT_NGRAM = ASSETS / "smollm2-ngram3.npz"
 METHODS = ("dart", "vanilla", "pld")
+# On a CPU a verify forward grows with the tree (fp32: 61 nodes cost ~3.5 single-token steps), so the reference's
+# 60-node trees lose; 8 nodes won the sweep in docs/tree-sweep.md in both dtypes. Elsewhere: the reference's 60.
+CPU_NODE_BUDGET = 8
 # End-of-turn tokens of common chat templates: generation stops on any of them.
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<end_of_turn>")
+
+
+def default_search_config(device: str = "cpu") -> SearchConfig:
+    """The reference's knobs, with the node budget measured for CPUs when running on one."""
+    return SearchConfig(node_budget=CPU_NODE_BUDGET) if str(device).startswith("cpu") else SearchConfig()
 
 
 def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "fp32") -> TargetModel:
