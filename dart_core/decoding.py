@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import torch
 
 from .acceptance import SamplingConfig, accept, choose_token
 from .proposers import Proposer
@@ -119,24 +118,6 @@ def run(target: TargetModel, proposer: Proposer, prompt_ids: list[int], config: 
     for step in generate(target, proposer, prompt_ids, config):
         trace.steps.append(step)
     return trace
-
-
-def plain_greedy_reference(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
-                           stop_ids=frozenset()) -> list[int]:
-    """Token-by-token greedy decoding with transformers' own cache handling (the lossless yardstick in tests)."""
-    ids = torch.tensor([prompt_ids], device=target.device)
-    cache = target.new_cache()
-    out: list[int] = []
-    with torch.inference_mode():
-        logits = target.model(input_ids=ids, cache=cache, use_cache=True).logits[0, -1]
-        for _ in range(max_new_tokens):
-            tok = int(logits.argmax())
-            out.append(tok)
-            if tok in stop_ids:
-                break
-            logits = target.model(input_ids=torch.tensor([[tok]], device=target.device), cache=cache,
-                                  use_cache=True).logits[0, -1]
-    return out
 
 
 def verify_once(target: TargetModel, context: list[int], tree, sampling: SamplingConfig | None = None):

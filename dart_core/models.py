@@ -95,7 +95,6 @@ def resolve_model_path(name: str) -> str:
 
 def load_model_and_tokenizer(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"):
     """Load (model, tokenizer) in eval mode on `device` with `dtype` ('float32', 'bfloat16', 'float16')."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = parse_dtype(dtype)

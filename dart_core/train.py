@@ -141,12 +141,10 @@ def sequence_batch(seq: dict, n_rows: int, n_anchors: int, rng: random.Random, t
 def head_logits(head: DraftHead, target: TargetModel, seq: dict, anchors: torch.Tensor,
                 out_weight: torch.Tensor | None) -> torch.Tensor:
     ids = seq["ids"].long()
-    T = ids.numel()
-    n = int(anchors.max()) + 1                       # positions past the last anchor are never attended to
+    n = int(anchors.max()) + 1   # positions past the last anchor are never attended to; anchors <= T-2
     feats = seq["features"][:n].float()
     with torch.no_grad():
-        embeds = target.embed_tokens(ids[1:n + 1].to(target.device)).float()
-    assert n + 1 <= T
+        embeds = target.embed_tokens(ids[1:n + 1].to(target.device)).float()  # position i: token i+1
     return head.forward_train(feats, embeds, anchors, out_weight)     # [A, R, Vd]
 
 
@@ -262,7 +260,8 @@ class Trainer:
         self.opt.load_state_dict(state["opt"])
         self.step, self.tokens_seen, self.best = state["step"], state["tokens_seen"], state["best"]
         self.sequences_seen = state["sequences_seen"]
-        self.history, _ = state["history"], self.rng.setstate(state["rng"])
+        self.history = state["history"]
+        self.rng.setstate(state["rng"])
         return True
 
     def fit(self, next_sequence, command: str = "") -> dict:

@@ -9,14 +9,14 @@ import torch
 from scipy.stats import chisquare
 
 from dart_core.acceptance import SamplingConfig, processed_probs
-from dart_core.decoding import GenerationConfig, generate, plain_greedy_reference, run
+from dart_core.decoding import GenerationConfig, generate, run
 from dart_core.draft_head import DraftCache, DraftHead, DraftHeadError
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, VanillaProposer
 from dart_core.trace import Trace, TraceError
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
-from tests.tiny import OracleDrafter, random_head, tiny_target
+from tests.tiny import OracleDrafter, plain_greedy_reference, random_head, tiny_target
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,13 @@
 import random
 
 import pytest
-import torch
 
-from dart_core.decoding import GenerationConfig, plain_greedy_reference, run
+from dart_core.decoding import GenerationConfig, run
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
 from dart_core.tree_search import SearchConfig
-from tests.tiny import OracleDrafter, random_head, tiny_target
+from tests.tiny import OracleDrafter, plain_greedy_reference, random_head, tiny_target
 
 KNOBS = {
     "budget1": SearchConfig(node_budget=1),

@@ -5,12 +5,12 @@ import random
 import pytest
 import torch
 
-from dart_core.decoding import GenerationConfig, plain_greedy_reference, run
+from dart_core.decoding import GenerationConfig, run
 from dart_core.draft_head import DraftHead, DraftHeadError
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.train import Trainer, TrainConfig, choose_draft_vocab, sequence_batch
 from dart_core.train_data import sequence_example
-from tests.tiny import tiny_target
+from tests.tiny import plain_greedy_reference, tiny_target
 
 
 @pytest.fixture(scope="module")

@@ -51,3 +51,21 @@ class OracleDrafter(Drafter):
             rows[r, tok] = 30.0
             ids.append(tok)
         return rows
+
+
+def plain_greedy_reference(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
+                           stop_ids=frozenset()) -> list[int]:
+    """Token-by-token greedy decoding with transformers' own cache handling (the lossless yardstick in tests)."""
+    ids = torch.tensor([prompt_ids], device=target.device)
+    cache = target.new_cache()
+    out: list[int] = []
+    with torch.inference_mode():
+        logits = target.model(input_ids=ids, cache=cache, use_cache=True).logits[0, -1]
+        for _ in range(max_new_tokens):
+            tok = int(logits.argmax())
+            out.append(tok)
+            if tok in stop_ids:
+                break
+            logits = target.model(input_ids=torch.tensor([[tok]], device=target.device), cache=cache,
+                                  use_cache=True).logits[0, -1]
+    return out
