@@ -30,8 +30,8 @@ from .target import TargetModel
 class TrainConfig:
     n_mask: int = 5
     draft_vocab: int = 8192          # 0 = the full target vocabulary
-    anchors: int = 64                # anchor positions per sequence per step
-    accumulate: int = 4              # sequences per optimizer step
+    anchors: int = 256               # anchor positions per sequence per step (up to)
+    accumulate: int = 2              # sequences per optimizer step
     lr: float = 1e-3
     weight_decay: float = 0.01
     row_decay: float = 0.8           # loss weight of row r: row_decay ** r
