@@ -191,10 +191,7 @@ class Trainer:
         init_from_target(self.head, target)
         set_feature_stats(self.head, stats_seqs)
         self.head.train()
-        self.t2d = None
-        if d2t is not None:
-            self.t2d = torch.full((vocab,), -1, dtype=torch.long)
-            self.t2d[d2t] = torch.arange(len(d2t))
+        self.t2d = self._target_to_draft()
         self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.row_weights = cfg.row_decay ** torch.arange(cfg.n_mask + 1, dtype=torch.float32)
         self.step = 0
@@ -203,6 +200,15 @@ class Trainer:
         self.best = -1.0
         self.history: list[dict] = []
         self.rng = random.Random(cfg.seed + 1)
+
+    def _target_to_draft(self) -> torch.Tensor | None:
+        """[V] draft index of each target token (-1 outside the draft vocabulary), from the head's own d2t."""
+        d2t = self.head.d2t
+        if d2t is None:
+            return None
+        t2d = torch.full((self.target.vocab_size,), -1, dtype=torch.long)
+        t2d[d2t] = torch.arange(len(d2t))
+        return t2d
 
     # schedule: linear warmup, cosine to 10%
     def lr_at(self, step: int) -> float:
@@ -257,6 +263,7 @@ class Trainer:
             return False
         state = torch.load(path, weights_only=False)
         self.head.load_state_dict(state["head"])
+        self.t2d = self._target_to_draft()  # the checkpoint's vocabulary, not one chosen afresh
         self.opt.load_state_dict(state["opt"])
         self.step, self.tokens_seen, self.best = state["step"], state["tokens_seen"], state["best"]
         self.sequences_seen = state["sequences_seen"]

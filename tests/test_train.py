@@ -101,3 +101,17 @@ def test_corpus_counts_steer_the_draft_vocab(data):
     corpus[90] = 1e6  # a token the sample never shows, but the corpus says is everywhere
     assert 90 in choose_draft_vocab(seqs, 10, corpus_counts=corpus).tolist()
     assert 90 not in choose_draft_vocab(seqs, 10).tolist()
+
+
+def test_resume_keeps_the_checkpoints_draft_vocab(data, tmp_path):
+    target, seqs = data
+    cfg = TrainConfig(n_mask=1, draft_vocab=20, anchors=4, accumulate=1, max_steps=2, eval_every=2, warmup=1)
+    first = Trainer(target, seqs[:6], seqs[:2], cfg, tmp_path / "r", stop_ids={2})
+    first.fit(lambda i: seqs[2 + i % 10])
+    corpus = torch.zeros(96, dtype=torch.float64)
+    corpus[80:96] = 1e6  # a different sample would now choose another vocabulary
+    again = Trainer(target, seqs[:6], seqs[:2], cfg, tmp_path / "r", stop_ids={2}, corpus_counts=corpus)
+    assert not torch.equal(again.head.d2t, first.head.d2t)
+    assert again.resume()
+    assert torch.equal(again.head.d2t, first.head.d2t)
+    assert torch.equal(again.t2d[again.head.d2t], torch.arange(20))
