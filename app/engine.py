@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from dart_core.acceptance import SamplingConfig
 from dart_core.decoding import GenerationConfig, generate, verify_once
 from dart_core.draft_head import DraftHead, DraftHeadError
-from dart_core.loading import DEFAULT_HEAD, encode_prompt, load_draft, load_ngram, load_target, stop_ids
+from dart_core.loading import (DEFAULT_HEAD, build_proposer, check_ngram_fits, encode_prompt, load_draft,
+                               load_ngram, load_target, stop_ids)
 from dart_core.ngram import NGramModel
-from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, Proposer, VanillaProposer
+from dart_core.proposers import Proposer
 from dart_core.target import TargetModel
 from dart_core.trace import StepRecord, Trace
 from dart_core.tree import TokenTree
@@ -58,9 +59,7 @@ class Engine:
                 notices.append("The draft head is random (untrained, --draft random): the trees are real but almost "
                                "nothing gets accepted.")
         table = load_ngram(ngram)
-        if table is not None and table.vocab_size != target.vocab_size:
-            raise ValueError(f"the n-gram table has a vocabulary of {table.vocab_size}, the target "
-                             f"{target.vocab_size}")
+        check_ngram_fits(table, target)
         settings = {"model": model, "draft": draft, "ngram": ngram, "device": device, "dtype": dtype}
         return cls(target, head, table, stop_ids(target), settings, notices)
 
@@ -90,13 +89,10 @@ class Engine:
         return ids
 
     def proposer(self, method: str, search: SearchConfig) -> Proposer:
-        if method == "vanilla":
-            return VanillaProposer()
-        if method == "pld":
-            return PromptLookupProposer()
-        if method == "dart":
-            return DartProposer(HeadDrafter(self.head, self.target), search, self.ngram, eos_ids=self.stop_ids)
-        raise EngineError(f"unknown method {method!r}")
+        try:
+            return build_proposer(method, self.target, self.head, self.ngram, search)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt: str, sampling: SamplingConfig,
                   search: SearchConfig, max_new_tokens: int) -> Trace:

@@ -82,24 +82,37 @@ def load_ngram(spec: str | None) -> NGramModel | None:
     return NGramModel.load(spec)
 
 
-def make_proposer(method: str, target: TargetModel, draft: str | None = "default", ngram: str | None = "default",
-                  search_config: SearchConfig | None = None, pld_tokens: int = 10, pld_ngram: int = 3,
-                  context_weight: float = 0.0) -> Proposer:
-    """context_weight > 0 adds the prompt's and the output's own n-grams to the table (ContextNGram)."""
+def check_ngram_fits(table, target: TargetModel) -> None:
+    if table is not None and table.vocab_size != target.vocab_size:
+        raise ValueError(f"the n-gram table has a vocabulary of {table.vocab_size}, the target {target.vocab_size}")
+
+
+def build_proposer(method: str, target: TargetModel, head: DraftHead | None = None, table: NGramModel | None = None,
+                   search_config: SearchConfig | None = None, pld_tokens: int = 10, pld_ngram: int = 3,
+                   context_weight: float = 0.0) -> Proposer:
+    """A proposer from pieces already loaded (the app loads them once and builds a proposer per run).
+    context_weight > 0 adds the prompt's and the output's own n-grams to the table (ContextNGram)."""
     if method == "vanilla":
         return VanillaProposer()
     if method == "pld":
         return PromptLookupProposer(max_ngram=pld_ngram, num_tokens=pld_tokens)
     if method == "dart":
-        head = load_draft(draft, target)
-        table = load_ngram(ngram)
-        if table is not None and table.vocab_size != target.vocab_size:
-            raise ValueError(f"the n-gram table has a vocabulary of {table.vocab_size}, "
-                             f"the target {target.vocab_size}")
+        if head is None:
+            raise ValueError("DART needs a draft head")
+        check_ngram_fits(table, target)
         if context_weight > 0:
             table = ContextNGram(table, weight=context_weight)
         return DartProposer(HeadDrafter(head, target), search_config, table, eos_ids=stop_ids(target))
     raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+
+
+def make_proposer(method: str, target: TargetModel, draft: str | None = "default", ngram: str | None = "default",
+                  search_config: SearchConfig | None = None, pld_tokens: int = 10, pld_ngram: int = 3,
+                  context_weight: float = 0.0) -> Proposer:
+    """Load what `method` needs (draft head, n-gram table) by name and build its proposer."""
+    head = load_draft(draft, target) if method == "dart" else None
+    table = load_ngram(ngram) if method == "dart" else None
+    return build_proposer(method, target, head, table, search_config, pld_tokens, pld_ngram, context_weight)
 
 
 def encode_prompt(target: TargetModel, text: str, raw: bool = False) -> list[int]:
