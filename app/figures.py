@@ -118,7 +118,7 @@ def _cand_hover(c: Candidates, i: int, context: list[int], trace: Trace) -> list
 
 def tree_view(trace: Trace, tree: TokenTree, path: list[int], bonus: int | None, candidates: Candidates | None,
               context: list[int], show_pruned: bool = False, max_pruned: int = MAX_PRUNED,
-              title: str = "") -> TreeView:
+              title: str = "", lookup_nodes=()) -> TreeView:
     """Nodes of a tree figure: the verified tree, the bonus token, and optionally the best pruned candidates."""
     accepted = set(path[1:])
     cand_of_node: dict[int, int] = {}
@@ -135,6 +135,8 @@ def tree_view(trace: Trace, tree: TokenTree, path: list[int], bonus: int | None,
         lines = [head, f"fate: {FATE_TEXT[cat]}"]
         if n in cand_of_node:
             lines += _cand_hover(candidates, cand_of_node[n], context, trace)
+        elif n in lookup_nodes:
+            lines.append("from the prompt-lookup branch: copied from an earlier place in the context")
         score = float(candidates.score[cand_of_node[n]]) if n in cand_of_node else 0.0
         parent = None if n == 0 else f"n{tree.parents[n]}"
         nodes.append(TreeNode(f"n{n}", parent, tok, token_text(trace, tok), tree.depths[n], cat, "<br>".join(lines),
@@ -259,7 +261,7 @@ def tree_figure(trace: Trace, index: int, show_pruned: bool = False, max_pruned:
     title = (f"Step {index}: {len(step.tree) - 1} draft nodes, {step.accepted} accepted"
              + (" + bonus" if bonus is not None else ""))
     view = tree_view(trace, step.tree, step.path, bonus, step.candidates, step_context(trace, index),
-                     show_pruned, max_pruned, title)
+                     show_pruned, max_pruned, title, step.lookup_nodes)
     return tree_figure_from_view(view)
 
 

@@ -37,7 +37,7 @@ from datetime import datetime
 from pathlib import Path
 
 BENCH_FORMAT = "dart-lab-bench/1"
-METHODS = ("hf_generate", "vanilla", "hf_pld", "pld", "dart")
+METHODS = ("hf_generate", "vanilla", "hf_pld", "pld", "dart", "dart_pld")
 HF_METHODS = ("hf_generate", "hf_pld")
 PLAIN = ("hf_generate", "vanilla")        # reference plain decoding, in order of preference
 DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
@@ -347,7 +347,7 @@ def run_bench(args) -> dict:
     if not prompts:
         raise CliError("no prompts to run (check --workloads / --prompts)")
     ngram = args.ngram
-    if "dart" in methods and ngram == "default":
+    if {"dart", "dart_pld"} & set(methods) and ngram == "default":
         ngram = str(ensure_default_ngram(progress=not args.no_progress))
     progress = not args.no_progress
 
@@ -565,7 +565,7 @@ def add_bench_args(p) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the first prompt (then +1 a prompt)")
-    p.add_argument("--pld-tokens", type=int, default=10, help="prompt lookup: draft tokens (pld and hf_pld)")
+    p.add_argument("--pld-tokens", type=int, default=10, help="prompt lookup: draft tokens (pld, hf_pld, dart_pld)")
     p.add_argument("--pld-ngram", type=int, default=3, help="prompt lookup: longest n-gram matched")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--warmup", type=int, default=1, help="prompts decoded untimed per dtype before the run")

@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="decode one prompt and report the result")
     add_model_args(g)
-    g.add_argument("--method", default="dart", choices=["dart", "vanilla", "pld"])
+    g.add_argument("--method", default="dart", choices=["dart", "vanilla", "pld", "dart_pld"],
+                   help="dart_pld: DART's tree plus prompt lookup's continuation as one more branch")
     g.add_argument("--prompt", required=True)
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--max-new-tokens", type=int, default=128)

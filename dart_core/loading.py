@@ -20,7 +20,7 @@ from .tree_search import SearchConfig
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_HEAD = ASSETS / "smollm2-dart-head"
 DEFAULT_NGRAM = ASSETS / "smollm2-ngram3.npz"
-METHODS = ("dart", "vanilla", "pld")
+METHODS = ("dart", "vanilla", "pld", "dart_pld")  # dart_pld: DART's tree plus the prompt-lookup branch
 # On a CPU a verify forward grows with the tree (fp32: 61 nodes cost ~3.5 single-token steps), so the reference's
 # 60-node trees lose; 8 nodes won the sweep in docs/tree-sweep.md in both dtypes. Elsewhere: the reference's 60.
 CPU_NODE_BUDGET = 8
@@ -96,13 +96,14 @@ def build_proposer(method: str, target: TargetModel, head: DraftHead | None = No
         return VanillaProposer()
     if method == "pld":
         return PromptLookupProposer(max_ngram=pld_ngram, num_tokens=pld_tokens)
-    if method == "dart":
+    if method in ("dart", "dart_pld"):
         if head is None:
             raise ValueError("DART needs a draft head")
         check_ngram_fits(table, target)
         if context_weight > 0:
             table = ContextNGram(table, weight=context_weight)
-        return DartProposer(HeadDrafter(head, target), search_config, table, eos_ids=stop_ids(target))
+        lookup = PromptLookupProposer(max_ngram=pld_ngram, num_tokens=pld_tokens) if method == "dart_pld" else None
+        return DartProposer(HeadDrafter(head, target), search_config, table, eos_ids=stop_ids(target), lookup=lookup)
     raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
 
 
@@ -110,8 +111,9 @@ def make_proposer(method: str, target: TargetModel, draft: str | None = "default
                   search_config: SearchConfig | None = None, pld_tokens: int = 10, pld_ngram: int = 3,
                   context_weight: float = 0.0) -> Proposer:
     """Load what `method` needs (draft head, n-gram table) by name and build its proposer."""
-    head = load_draft(draft, target) if method == "dart" else None
-    table = load_ngram(ngram) if method == "dart" else None
+    uses_head = method in ("dart", "dart_pld")
+    head = load_draft(draft, target) if uses_head else None
+    table = load_ngram(ngram) if uses_head else None
     return build_proposer(method, target, head, table, search_config, pld_tokens, pld_ngram, context_weight)
 
 

@@ -29,6 +29,7 @@ class Proposal:
     rows_tokens: np.ndarray | None = None   # [R, k] DART's top-k per logit row (target ids)
     rows_probs: np.ndarray | None = None    # [R, k]
     candidates: Candidates | None = None    # every candidate the tree search considered
+    lookup_nodes: list[int] | None = None   # tree nodes added by a prompt-lookup branch (DART + lookup)
     draft_time: float = 0.0
     search_time: float = 0.0
 
@@ -125,16 +126,24 @@ class HeadDrafter(Drafter):
 
 
 class DartProposer(Proposer):
-    """DART: draft logit rows from one head forward, pruned into a tree by the n-gram-guided beam search."""
+    """DART: draft logit rows from one head forward, pruned into a tree by the n-gram-guided beam search.
+
+    With `lookup` (beyond the reference), prompt lookup's copied continuation joins the tree as one more branch,
+    sharing the nodes DART already has: the target verifies both in the same forward. The branch's new nodes come
+    on top of the search's node budget."""
     name = "dart"
     needs_features = True
 
     def __init__(self, drafter: Drafter, search_config: SearchConfig | None = None,
-                 ngram: NGramModel | ContextNGram | None = None, eos_ids=frozenset()):
+                 ngram: NGramModel | ContextNGram | None = None, eos_ids=frozenset(),
+                 lookup: PromptLookupProposer | None = None):
         self.drafter = drafter
         self.search_config = (search_config or SearchConfig()).validate()
         self.ngram = ngram
         self.eos_ids = frozenset(eos_ids)
+        self.lookup = lookup
+        if lookup is not None:
+            self.name = "dart_pld"
 
     def reset(self):
         self.drafter.reset()
@@ -154,5 +163,8 @@ class DartProposer(Proposer):
         t1 = time.perf_counter()
         result = search(rows_tokens, rows_probs, context, self.search_config, self.ngram, self.eos_ids,
                         node_budget=max_nodes)
+        tree, lookup_nodes = result.tree, None
+        if self.lookup is not None:
+            tree, lookup_nodes = tree.with_branch(self.lookup.lookup(context), max_nodes - (len(tree) - 1))
         t2 = time.perf_counter()
-        return Proposal(result.tree, rows_tokens, rows_probs, result.candidates, t1 - t0, t2 - t1)
+        return Proposal(tree, rows_tokens, rows_probs, result.candidates, lookup_nodes, t1 - t0, t2 - t1)

@@ -31,6 +31,7 @@ class StepRecord:
     rows_tokens: np.ndarray | None = None           # [R, k] draft top-k per logit row
     rows_probs: np.ndarray | None = None
     candidates: Candidates | None = None
+    lookup_nodes: list[int] = field(default_factory=list)  # tree nodes from a prompt-lookup branch (dart_pld)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase (see PHASES, plus "prefill")
     elapsed: float = 0.0             # seconds since the generation started, at the end of this step
     stop_reason: str | None = None   # set on the last step: "stop_token", "max_new_tokens", "context_full"
@@ -43,6 +44,7 @@ class StepRecord:
             "rows_tokens": None if self.rows_tokens is None else self.rows_tokens.tolist(),
             "rows_probs": None if self.rows_probs is None else np.round(self.rows_probs, 6).tolist(),
             "candidates": self.candidates.to_dict() if self.candidates is not None else None,
+            "lookup_nodes": list(self.lookup_nodes),
             "timings": {k: round(v, 6) for k, v in self.timings.items()}, "elapsed": round(self.elapsed, 6),
             "stop_reason": self.stop_reason,
         }
@@ -56,6 +58,7 @@ class StepRecord:
             rows_tokens=None if d.get("rows_tokens") is None else np.asarray(d["rows_tokens"], dtype=np.int64),
             rows_probs=None if d.get("rows_probs") is None else np.asarray(d["rows_probs"], dtype=np.float64),
             candidates=Candidates.from_dict(d["candidates"]) if d.get("candidates") else None,
+            lookup_nodes=[int(i) for i in d.get("lookup_nodes", [])],
             timings={k: float(v) for k, v in d.get("timings", {}).items()}, elapsed=float(d.get("elapsed", 0.0)),
             stop_reason=d.get("stop_reason"))
 

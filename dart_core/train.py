@@ -15,7 +15,7 @@ import math
 import random
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -60,7 +60,7 @@ def choose_draft_vocab(seqs: list[dict], size: int, must_include=(), corpus_coun
     if corpus_counts is not None and corpus_counts.sum() > 0:
         counts[: corpus_counts.numel()] += corpus_counts.double() * (counts.sum() / corpus_counts.sum())
     order = torch.argsort(counts, descending=True, stable=True)
-    chosen = [int(t) for t in must_include]
+    chosen = list(dict.fromkeys(int(t) for t in must_include))
     for t in order.tolist():
         if len(chosen) >= size:
             break
@@ -103,6 +103,23 @@ def init_from_target(head: DraftHead, target: TargetModel) -> None:
     if head.lm_head is not None:
         rows = target.lm_head.weight if head.d2t is None else target.lm_head.weight[head.d2t]
         head.lm_head.weight.copy_(rows)
+
+
+@torch.no_grad()
+def grow_draft_vocab(head: DraftHead, target: TargetModel, d2t: torch.Tensor) -> DraftHead:
+    """A copy of `head` over the larger draft vocabulary `d2t` (sorted target ids, a superset of head.d2t).
+    Learned output rows are kept; rows of new tokens start as the target's output rows, as at init."""
+    old = head.d2t
+    if not bool(torch.isin(old, d2t).all()):
+        raise ValueError("the new draft vocabulary must contain the old one")
+    grown = DraftHead(replace(head.config, draft_vocab_size=len(d2t)))
+    state = {k: v for k, v in head.state_dict().items() if k not in ("d2t", "lm_head.weight")}
+    grown.load_state_dict(state, strict=False)
+    grown.d2t.copy_(d2t)
+    rows = target.lm_head.weight[d2t].to(grown.lm_head.weight.dtype).clone()
+    rows[torch.searchsorted(d2t, old)] = head.lm_head.weight
+    grown.lm_head.weight.copy_(rows)
+    return grown
 
 
 @torch.no_grad()
@@ -177,11 +194,12 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         self.heldout = heldout
         vocab = target.vocab_size
-        if cfg.draft_vocab and cfg.draft_vocab < vocab:
-            d2t = choose_draft_vocab(stats_seqs, cfg.draft_vocab, stop_ids, corpus_counts)
-            self.coverage = vocab_coverage(heldout, d2t, vocab)
-        else:
-            d2t, self.coverage = None, 1.0
+
+        def choose(must_include=()):
+            return choose_draft_vocab(stats_seqs, cfg.draft_vocab, [*stop_ids, *must_include], corpus_counts)
+
+        self._choose_vocab = choose
+        d2t = choose() if cfg.draft_vocab and cfg.draft_vocab < vocab else None
         dcfg = DraftConfig.for_target(target.config, n_mask=cfg.n_mask, tie_output=False,
                                       draft_vocab_size=None if d2t is None else len(d2t), standardize_features=True)
         torch.manual_seed(cfg.seed)
@@ -192,7 +210,7 @@ class Trainer:
         set_feature_stats(self.head, stats_seqs)
         self.head.train()
         self.t2d = self._target_to_draft()
-        self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.opt = self._optimizer()
         self.row_weights = cfg.row_decay ** torch.arange(cfg.n_mask + 1, dtype=torch.float32)
         self.step = 0
         self.tokens_seen = 0
@@ -200,6 +218,15 @@ class Trainer:
         self.best = -1.0
         self.history: list[dict] = []
         self.rng = random.Random(cfg.seed + 1)
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.head.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+
+    @property
+    def coverage(self) -> float:
+        """Share of the held-out target tokens inside the draft vocabulary."""
+        d2t = self.head.d2t
+        return 1.0 if d2t is None else vocab_coverage(self.heldout, d2t, self.target.vocab_size)
 
     def _target_to_draft(self) -> torch.Tensor | None:
         """[V] draft index of each target token (-1 outside the draft vocabulary), from the head's own d2t."""
@@ -262,14 +289,36 @@ class Trainer:
         if not path.is_file():
             return False
         state = torch.load(path, weights_only=False)
-        self.head.load_state_dict(state["head"])
+        saved_d2t = state["head"].get("d2t")
+        if saved_d2t is not None and self.head.d2t is not None and len(saved_d2t) < len(self.head.d2t):
+            self._resume_with_larger_vocab(state, saved_d2t)
+        else:
+            self.head.load_state_dict(state["head"])
+            self.opt.load_state_dict(state["opt"])
         self.t2d = self._target_to_draft()  # the checkpoint's vocabulary, not one chosen afresh
-        self.opt.load_state_dict(state["opt"])
         self.step, self.tokens_seen, self.best = state["step"], state["tokens_seen"], state["best"]
         self.sequences_seen = state["sequences_seen"]
         self.history = state["history"]
         self.rng.setstate(state["rng"])
         return True
+
+    def _resume_with_larger_vocab(self, state: dict, saved_d2t: torch.Tensor) -> None:
+        """--draft-vocab grew since the checkpoint: keep every learned weight and the optimizer's moments, add
+        the most frequent missing tokens. New rows' second moments start at the old rows' mean, so their first
+        updates are as large as everyone else's, not 1/sqrt(1-beta2) times larger."""
+        small = DraftHead(replace(self.head.config, draft_vocab_size=len(saved_d2t)))
+        small.load_state_dict(state["head"])
+        d2t = self._choose_vocab(must_include=saved_d2t.tolist())
+        self.head = grow_draft_vocab(small, self.target, d2t).train()
+        self.opt = self._optimizer()
+        self.opt.load_state_dict(state["opt"])  # same parameter order; only lm_head's moments change shape
+        rows = torch.searchsorted(d2t, saved_d2t)
+        moments = self.opt.state[self.head.lm_head.weight]
+        for key, fill in (("exp_avg", 0.0), ("exp_avg_sq", float(moments["exp_avg_sq"].mean()))):
+            grown = torch.full_like(self.head.lm_head.weight, fill)
+            grown[rows] = moments[key]
+            moments[key] = grown
+        print(f"[train] draft vocabulary grown from {len(saved_d2t)} to {len(d2t)} tokens", flush=True)
 
     def fit(self, next_sequence, command: str = "") -> dict:
         """Train until max_steps or the time limit. next_sequence(i) returns the i-th training sequence

@@ -3,10 +3,10 @@
 Step 1 (`generate_responses`): ShareGPT first user turns in the model's chat template, answered greedily by the
 target in batches. Output: a jsonl file, appended batch by batch so an interrupted run resumes where it stopped.
 
-Step 2 (`extract_features`): one target forward per sequence (self-generated responses, or ShareGPT conversations
-as written) with the three feature taps. Labels come from the same forward: the target's own top-k next-token
-distribution at every position, so the head learns what the target would say, not what ShareGPT said.
-Shards hold ids, features (bf16) and the top-k labels; extraction resumes at the first missing shard.
+Step 2 (`sequence_example`, called by the trainer as it goes): one target forward per sequence (self-generated
+responses, or ShareGPT conversations as written) with the three feature taps. Labels come from the same forward:
+the target's own top-k next-token distribution at every position, so the head learns what the target would say,
+not what ShareGPT said.
 """
 
 from __future__ import annotations
@@ -114,28 +114,3 @@ def sequence_example(target: TargetModel, prompt_ids: list[int], response_ids: l
     return {"ids": torch.tensor(ids, dtype=torch.int32), "prompt_len": len(prompt_ids),
             "features": feats.to(torch.bfloat16).cpu().clone(),
             "label_ids": top.indices.to(torch.int32).cpu(), "label_probs": top.values.to(torch.float16).cpu()}
-
-
-def extract_features(target: TargetModel, records: list[dict], out_dir, shard_size: int = 128) -> int:
-    """Save sequence examples in shards of `shard_size`. Resumes at the first missing shard."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    n_shards = (len(records) + shard_size - 1) // shard_size
-    for s in tqdm(range(n_shards), desc=f"features -> {out.name}", unit="shard"):
-        path = out / f"shard{s:04d}.pt"
-        if path.exists():
-            continue
-        seqs = [sequence_example(target, r["prompt_ids"], r["response_ids"])
-                for r in records[s * shard_size:(s + 1) * shard_size] if r["response_ids"]]
-        tmp = path.with_suffix(".tmp")
-        torch.save(seqs, tmp)
-        tmp.rename(path)
-    return n_shards
-
-
-def load_shards(*feature_dirs) -> list[dict]:
-    seqs = []
-    for d in feature_dirs:
-        for p in sorted(Path(d).glob("shard*.pt")):
-            seqs.extend(torch.load(p))
-    return seqs

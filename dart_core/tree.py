@@ -59,6 +59,24 @@ class TokenTree:
         """Every root-to-leaf path (the reference's retrieve_indices, without padding)."""
         return [self.path_to(leaf) for leaf in self.leaves()]
 
+    def with_branch(self, drafts: list[int], max_new: int) -> tuple["TokenTree", list[int]]:
+        """This tree plus the path root -> drafts[0] -> drafts[1] ..., sharing the nodes it already has.
+        At most `max_new` nodes are added (the path is cut there). Returns the tree and the added node indices."""
+        tokens, parents = list(self.tokens), list(self.parents)
+        added: list[int] = []
+        node = 0
+        for tok in drafts:
+            child = next((i for i in range(node + 1, len(tokens)) if parents[i] == node and tokens[i] == tok), None)
+            if child is None:
+                if len(added) >= max_new:
+                    break
+                tokens.append(int(tok))
+                parents.append(node)
+                child = len(tokens) - 1
+                added.append(child)
+            node = child
+        return (TokenTree(tokens, parents) if added else self), added
+
     def ancestor_mask(self, device=None) -> torch.Tensor:
         """[n, n] bool: mask[i, j] is True iff node j is node i or one of its ancestors."""
         n = len(self)

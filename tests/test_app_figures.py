@@ -211,3 +211,15 @@ def test_lane_text_marks_origin_escapes_and_keeps_whitespace(tiny):
     hand.steps[0].new_tokens = [7, 9]                                     # "\n    " and "<script>x</script>"
     text = lane_text_html(hand, "dart")
     assert ">\n    </span>" in text and "<script>" not in text and "&lt;script&gt;" in text
+
+
+def test_prompt_lookup_branch_nodes_say_where_they_came_from(hand):
+    import copy
+
+    trace = copy.deepcopy(hand)
+    step = trace.steps[1]
+    step.tree, step.lookup_nodes = step.tree.with_branch([40, 41], max_new=2)
+    fig = figures.tree_figure(trace, 1)
+    hovers = [h for t in node_traces(fig).values() for h in (t.hovertext or ())]
+    assert sum("prompt-lookup branch" in h for h in hovers) == 2
+    assert sum(len(t.x) for t in node_traces(fig).values()) == len(step.tree) + 1

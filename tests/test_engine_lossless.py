@@ -109,3 +109,18 @@ def test_dart_with_context_adaptive_ngram_is_lossless(llama, references):
     for prompt, expected in list(references.items())[:10]:
         assert run(llama, proposer, list(prompt), GenerationConfig(max_new_tokens=24)).output_ids == expected
         assert ngram.seen[: len(prompt)] == list(prompt)  # it counted this prompt, not the previous one
+
+
+def test_dart_with_a_prompt_lookup_branch_is_lossless_and_uses_the_branch(llama, references):
+    lookup = PromptLookupProposer(max_ngram=2, num_tokens=4)
+    proposer = DartProposer(HeadDrafter(random_head(llama, seed=3), llama), SearchConfig(node_budget=6),
+                            lookup=lookup)
+    accepted_from_lookup = 0
+    for prompt, expected in references.items():
+        trace = run(llama, proposer, list(prompt), GenerationConfig(max_new_tokens=24))
+        assert trace.output_ids == expected
+        for step in trace.steps[1:]:
+            assert len(step.tree) - 1 - len(step.lookup_nodes) <= 6 and len(step.lookup_nodes) <= 4
+            accepted_from_lookup += len(set(step.path) & set(step.lookup_nodes))
+    # a random head rarely guesses right; the copied branch does on these repetitive outputs
+    assert accepted_from_lookup > 0

@@ -115,3 +115,27 @@ def test_resume_keeps_the_checkpoints_draft_vocab(data, tmp_path):
     assert again.resume()
     assert torch.equal(again.head.d2t, first.head.d2t)
     assert torch.equal(again.t2d[again.head.d2t], torch.arange(20))
+
+
+def test_resume_with_a_larger_draft_vocab_keeps_what_was_learned(data, tmp_path):
+    target, seqs = data
+    cfg = TrainConfig(n_mask=1, draft_vocab=20, anchors=4, accumulate=1, max_steps=2, eval_every=2, warmup=1)
+    first = Trainer(target, seqs[:6], seqs[:2], cfg, tmp_path / "r", stop_ids={2})
+    first.fit(lambda i: seqs[2 + i % 10])
+    bigger = Trainer(target, seqs[:6], seqs[:2], TrainConfig(**{**cfg.__dict__, "draft_vocab": 32, "max_steps": 4}),
+                     tmp_path / "r", stop_ids={2})
+    assert bigger.resume() and bigger.step == 2
+    old, new = first.head.d2t, bigger.head.d2t
+    assert len(new) == 32 and torch.equal(new, new.sort().values) and torch.isin(old, new).all()
+    assert torch.equal(bigger.t2d[new], torch.arange(32))
+    # every old token keeps its learned output row; new tokens start from the target's rows
+    rows = torch.searchsorted(new, old)
+    assert torch.equal(bigger.head.lm_head.weight[rows], first.head.lm_head.weight)
+    fresh = torch.tensor([i for i in range(32) if i not in set(rows.tolist())])
+    assert torch.allclose(bigger.head.lm_head.weight[fresh], target.lm_head.weight[new[fresh]].float())
+    assert torch.equal(bigger.head.fc.weight, first.head.fc.weight)
+    moments = bigger.opt.state[bigger.head.lm_head.weight]
+    assert moments["exp_avg_sq"].shape == (32, target.hidden_size) and (moments["exp_avg_sq"][fresh] > 0).all()
+    bigger.fit(lambda i: seqs[2 + i % 10])  # and training goes on
+    assert bigger.step == 4
+    assert len(torch.load(tmp_path / "r" / "ckpt.pt", weights_only=False)["head"]["d2t"]) == 32

@@ -50,3 +50,14 @@ def test_chain_and_dict_round_trip():
     t = TokenTree.chain(7, [8, 9])
     assert t.parents == [-1, 0, 1] and t.depths == [0, 1, 2]
     assert TokenTree.from_dict(t.to_dict()) == t
+
+
+def test_a_branch_shares_existing_nodes_and_respects_its_cap():
+    tree = TokenTree([9, 1, 2, 3], [-1, 0, 1, 0])          # 9 -> 1 -> 2, 9 -> 3
+    grown, added = tree.with_branch([1, 2, 7, 8], max_new=5)
+    assert added == [4, 5] and grown.tokens[4:] == [7, 8] and grown.parents[4:] == [2, 4]
+    assert [grown.tokens[i] for i in grown.path_to(5)] == [9, 1, 2, 7, 8]
+    cut, added = tree.with_branch([3, 4, 5, 6], max_new=2)  # shares node 3, then adds two of three
+    assert added == [4, 5] and [cut.tokens[i] for i in cut.path_to(5)] == [9, 3, 4, 5]
+    same, added = tree.with_branch([1, 2], max_new=3)       # already there: nothing added
+    assert same is tree and added == []
