@@ -23,20 +23,28 @@ Definitions (per method, dtype, temperature and workload, summed over its prompt
   identical     greedy only: outputs token-identical to the reference plain decoding in the same dtype (hf_generate
                 when it runs, else vanilla); every divergence is listed with its first differing position.
 Outputs are cut after the first stop token for every method before they are counted or compared.
+
+Resuming: each finished run is appended as one JSON line to `<out>.runs.jsonl` next to the report (the runs file,
+flushed line by line; its first line holds the settings that change outputs or speed). `--resume` reads it back:
+runs found there are not run again, a dtype with nothing left is not even loaded, and the report is built from the
+old and new runs together. Resuming with other settings is an error; without --resume the runs file starts afresh.
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
+import os
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 BENCH_FORMAT = "dart-lab-bench/1"
+RUNS_FORMAT = "dart-lab-bench-runs/1"
 METHODS = ("hf_generate", "vanilla", "hf_pld", "pld", "dart", "dart_pld")
 HF_METHODS = ("hf_generate", "hf_pld")
 PLAIN = ("hf_generate", "vanilla")        # reference plain decoding, in order of preference
@@ -44,6 +52,7 @@ DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "b
                "float16": "fp16"}
 ALL = "all"
 PHASES = ("draft", "search", "verify", "accept")
+WARMUP_TOKENS = 16                        # the untimed warm-up decodes are short
 
 
 # ---------------------------------------------------------------------------------------------------- options
@@ -93,6 +102,7 @@ class BenchPrompt:
     text: str
     raw: bool = False
     ids: list[int] = field(default_factory=list)
+    index: int = 0                         # position in its workload (before --limit cuts it)
 
 
 def load_prompts(workloads: list[str], prompt_file: str | None, limit: int | None) -> tuple[list[BenchPrompt], dict]:
@@ -105,7 +115,7 @@ def load_prompts(workloads: list[str], prompt_file: str | None, limit: int | Non
         if name not in WORKLOADS:
             raise ValueError(f"unknown workload {name!r}; use a comma list of {', '.join(WORKLOADS)}")
         items = WORKLOADS[name]()[:limit]
-        prompts += [BenchPrompt(p.id, name, p.text, p.raw) for p in items]
+        prompts += [BenchPrompt(p.id, name, p.text, p.raw, index=i) for i, p in enumerate(items)]
         info[name] = {"prompts": len(items), "skipped": 0}
     if prompt_file:
         pf = read_prompt_file(prompt_file)
@@ -113,7 +123,7 @@ def load_prompts(workloads: list[str], prompt_file: str | None, limit: int | Non
         if name in info or name == ALL:
             name = f"file:{name}"
         items = pf.prompts[:limit]
-        prompts += [BenchPrompt(p.id, name, p.text, p.raw) for p in items]
+        prompts += [BenchPrompt(p.id, name, p.text, p.raw, index=i) for i, p in enumerate(items)]
         info[name] = {"prompts": len(items), "skipped": len(pf.skipped), "skipped_reasons": pf.skipped[:50],
                       "file": str(prompt_file)}
         if pf.skipped:
@@ -136,6 +146,7 @@ class Run:
     stop: str | None = None
     first_diff: int | None = None      # greedy: first position differing from the reference (None: identical)
     reference: str | None = None
+    seed: int | None = None
 
 
 @dataclass
@@ -236,6 +247,225 @@ def cut_at_stop(ids: list[int], stops, max_new: int) -> list[int]:
         if t in stops:
             return ids[: min(i + 1, max_new)]
     return ids[:max_new]
+
+
+# ---------------------------------------------------------------------------------------------------- the runs file
+IDENT_KEYS = ("workload", "index", "id", "raw", "sha256")
+
+
+def runs_path(out_path) -> Path:
+    """The runs file next to the report: runs/bench.json -> runs/bench.runs.jsonl."""
+    return Path(out_path).with_suffix(".runs.jsonl")
+
+
+def prompt_ident(p: BenchPrompt) -> dict:
+    """What makes a prompt the same one in a later session: workload, place and id, and its exact text."""
+    return {"workload": p.workload, "index": p.index, "id": p.id, "raw": p.raw,
+            "sha256": hashlib.sha256(p.text.encode("utf-8")).hexdigest()[:16]}
+
+
+def ident_tuple(ident: dict) -> tuple:
+    return tuple(ident[k] for k in IDENT_KEYS)
+
+
+def run_key(ident: dict, dtype: str, temperature: float, method: str, seed: int | None) -> tuple:
+    # greedy decoding ignores the seed; a sampled run depends on it (it follows the prompt's place in the set)
+    return (dtype, float(temperature), method, seed if temperature > 1e-5 else None, *ident_tuple(ident))
+
+
+def key_of(run: Run) -> tuple:
+    return run_key(prompt_ident(run.prompt), run.dtype, run.temperature, run.method, run.seed)
+
+
+def run_to_dict(run: Run) -> dict:
+    """A run as one runs-file record. Its reference and first difference are left out: they are derived from all
+    the runs of its prompt when the report is built."""
+    return {"prompt": {**prompt_ident(run.prompt), "ids": list(run.prompt.ids)}, "method": run.method,
+            "dtype": run.dtype, "temperature": run.temperature, "seed": run.seed, "output": list(run.output),
+            "seconds": run.seconds, "forwards": run.forwards, "stop": run.stop,
+            "metrics": None if run.metrics is None else asdict(run.metrics)}
+
+
+def run_from_dict(d: dict, prompt: BenchPrompt) -> Run:
+    """The run of a runs-file record, attached to `prompt` (the same prompt of this session)."""
+    from .metrics import Metrics
+
+    m = d["metrics"]
+    return Run(prompt, d["method"], d["dtype"], d["temperature"], list(d["output"]), d["seconds"],
+               forwards=d["forwards"], metrics=None if m is None else Metrics(**m), stop=d["stop"], seed=d["seed"])
+
+
+def resume_settings(args, ngram: str, search_cfg) -> dict:
+    """What a resumed benchmark must share with the runs it continues: everything that changes outputs or speed.
+    Methods, dtypes, temperatures and prompts may differ: runs are matched one by one."""
+    import torch
+    import transformers
+
+    from .loading import DEFAULT_HEAD
+
+    return {"model": args.model, "draft": args.draft, "ngram": ngram, "device": args.device,
+            "max_new_tokens": args.max_new_tokens, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed,
+            "pld_tokens": args.pld_tokens, "pld_ngram": args.pld_ngram,
+            "lookup_tokens": getattr(args, "lookup_tokens", None),
+            "ngram_context_weight": args.ngram_context_weight, "search": search_cfg.to_dict(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
+            # a head or table rebuilt in place keeps its name: compare the bytes
+            "draft_sha256": _files_digest(DEFAULT_HEAD if args.draft == "default" else args.draft),
+            "ngram_sha256": _files_digest(ngram)}
+
+
+def _files_digest(path) -> str | None:
+    """sha256 over a file or a folder's files; None for a name that is no path ('random', 'none', 'default')."""
+    if not path or str(path) in ("none", "random", "default"):
+        return None
+    path = Path(path)
+    if not path.exists():
+        return None
+    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(path).as_posix().encode() if f != path else b"")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_settings(old: dict, new: dict, path) -> None:
+    """Resuming under other settings would mix runs that do not compare: name the first setting that differs."""
+    from .cli import CliError
+
+    old, new = _flat(old), _flat(json.loads(json.dumps(new)))     # compare as read back (tuples become lists)
+    for key in dict.fromkeys([*new, *old]):
+        if old.get(key) != new.get(key):
+            raise CliError(f"cannot resume {path}: its runs have {key}={old.get(key)!r}, this run "
+                           f"{key}={new.get(key)!r} (use the same settings, or drop --resume to start afresh)")
+
+
+class RunsFile:
+    """The runs file: a header line {"format", "settings"}, then a {"run": ...} line per finished run and a
+    {"skip": ..., "reason": ...} line per prompt too long for the model, each flushed as it is written, so that a
+    killed benchmark loses at most the run in progress."""
+
+    def __init__(self, path: Path, settings: dict, resume: bool):
+        self.path, self.runs, self.skips = Path(path), [], []
+        if not (resume and self.path.is_file() and self._read(settings)):
+            self._start(settings, resume)
+        self.fh = open(self.path, "a", encoding="utf-8")
+
+    def _start(self, settings: dict, resume: bool) -> None:
+        if self.path.exists() and not resume:
+            print(f"[bench] replacing {self.path} (--resume would have continued it)", file=sys.stderr)
+        elif resume:
+            print(f"[bench] nothing to resume in {self.path}: starting", file=sys.stderr)
+        _write_atomic(self.path, [json.dumps({"format": RUNS_FORMAT, "settings": settings})])
+
+    def _read(self, settings: dict) -> bool:
+        """Load the records of an earlier session; False when the file holds none (start afresh)."""
+        from .cli import CliError
+
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        good, bad = [], 0
+        for line in filter(str.strip, text.split("\n")):
+            try:
+                good.append((line, json.loads(line)))
+            except json.JSONDecodeError:
+                bad += 1              # the last line of a killed run, cut short
+        if not good:
+            return False
+        header = good[0][1]
+        if not isinstance(header, dict) or header.get("format") != RUNS_FORMAT:
+            raise CliError(f"cannot resume {self.path}: not a bench runs file ({RUNS_FORMAT})")
+        check_settings(header.get("settings", {}), settings, self.path)
+        for _, rec in good[1:]:
+            if "run" in rec:
+                self.runs.append(rec["run"])
+            elif "skip" in rec:
+                self.skips.append(rec)
+        if bad or not text.endswith("\n"):
+            # drop the cut line, so that the next record starts on a line of its own
+            print(f"[bench] {self.path}: ignored {bad} unreadable line(s); that run is redone", file=sys.stderr)
+            _write_atomic(self.path, [line for line, _ in good])
+        return True
+
+    def add_run(self, run: Run) -> None:
+        self._append({"run": run_to_dict(run)})
+
+    def add_skip(self, prompt: BenchPrompt, reason: str) -> None:
+        self._append({"skip": prompt_ident(prompt), "reason": reason})
+
+    def _append(self, record: dict) -> None:
+        self.fh.write(json.dumps(record) + "\n")
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _write_atomic(path: Path, lines: list[str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def restore(runs_file: RunsFile, prompts: list[BenchPrompt], workload_info: dict):
+    """This session's prompts less those the runs file skipped, and its runs of them keyed by run_key (runs of
+    other prompts are ignored)."""
+    by_ident = {ident_tuple(prompt_ident(p)): p for p in prompts}
+    skipped = set()
+    for rec in runs_file.skips:
+        ident = ident_tuple(rec["skip"])
+        if ident in by_ident and ident not in skipped:
+            skipped.add(ident)
+            _skip(workload_info, by_ident[ident], rec["reason"])
+    done: dict[tuple, Run] = {}
+    for d in runs_file.runs:
+        p = by_ident.get(ident_tuple(d["prompt"]))
+        if p is None:
+            continue
+        if not p.ids:
+            p.ids = list(d["prompt"]["ids"])      # a dtype that is all done is not loaded to tokenize
+        run = run_from_dict(d, p)
+        done[key_of(run)] = run
+    kept = [p for p in prompts if ident_tuple(prompt_ident(p)) not in skipped]
+    return kept, done
+
+
+def planned_keys(dtype: str, prompts: list[BenchPrompt], temps, methods, seed: int) -> list[tuple]:
+    return [run_key(prompt_ident(p), dtype, t, m, seed + i) for i, p in enumerate(prompts) for t in temps
+            for m in methods]
+
+
+def complete_runs(done: dict, dtypes, prompts, temps, methods, seed: int) -> list[Run]:
+    """The runs of each prompt that every method finished, in run order, greedy ones compared with the plain
+    reference among them. Old and new runs alike, so identity counts do not depend on where a session stopped."""
+    runs = []
+    for dtype in dtypes:
+        for i, p in enumerate(prompts):
+            ident = prompt_ident(p)
+            for t in temps:
+                group = {m: done.get(run_key(ident, dtype, t, m, seed + i)) for m in methods}
+                if None in group.values():
+                    continue          # cut short mid-prompt: its finished runs wait in the runs file
+                if t <= 1e-5:
+                    compare_to_reference(group)
+                runs.extend(group.values())
+    return runs
+
+
+def compare_to_reference(group: dict[str, Run]) -> None:
+    ref = next((r for r in PLAIN if r in group), None)
+    if ref is None:
+        return
+    for run in group.values():
+        run.reference, run.first_diff = ref, first_difference(run.output, group[ref].output)
 
 
 # ---------------------------------------------------------------------------------------------------- runners
@@ -339,6 +569,8 @@ def run_bench(args) -> dict:
         raise CliError(f"--warmup must be >= 0, got {args.warmup}")
     if not 0 < args.top_p <= 1 or args.top_k < 0:
         raise CliError("--top-p must be in (0, 1] and --top-k >= 0")
+    if args.resume and not args.out:
+        raise CliError("--resume needs --out: the report whose runs file to continue")
     search_cfg = search_config_from(args)
     out_path = check_writable(args.out or default_out_path())
     workloads = _split(args.workloads) if args.workloads is not None else ([] if args.prompts else
@@ -367,26 +599,34 @@ def _run(args, methods, dtypes, temps, search_cfg, out_path, prompts, workload_i
 
     from .loading import encode_prompt, load_target, make_proposer, stop_ids
 
-    runs: list[Run] = []
     started = time.time()
+    runs_file = RunsFile(runs_path(out_path), resume_settings(args, ngram, search_cfg), args.resume)
+    prompts, done = restore(runs_file, prompts, workload_info)
+    restored = set(done)
     total = len(dtypes) * len(prompts) * len(temps) * len(methods)
-    bar = tqdm(total=total, unit="run", desc="bench", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    already = sum(k in restored for d in dtypes for k in planned_keys(d, prompts, temps, methods, args.seed))
+    bar = tqdm(total=total, initial=already, unit="run", desc="bench", disable=not progress, file=sys.stderr,
+               dynamic_ncols=True)
     env = {}
     try:
         for dtype in dtypes:
+            if all(k in done for k in planned_keys(dtype, prompts, temps, methods, args.seed)):
+                continue          # every run of this dtype is in the runs file: do not even load it
             bar.set_description(f"bench {dtype}: loading")
             target = load_target(args.model, args.device, dtype)
             stops = stop_ids(target)
             proposers = {m: make_proposer(m, target, args.draft, ngram, search_cfg, args.pld_tokens, args.pld_ngram,
-                                           args.ngram_context_weight)
+                                           args.ngram_context_weight, args.lookup_tokens)
                          for m in methods if m not in HF_METHODS}
             keep = []
             for p in prompts:
                 if not p.ids:
                     p.ids = encode_prompt(target, p.text, raw=p.raw)
                 if len(p.ids) + args.max_new_tokens > target.max_positions:
-                    _skip(workload_info, p, f"{p.id}: prompt of {len(p.ids)} tokens + max new tokens exceeds the "
-                                            f"context of {target.max_positions}")
+                    reason = (f"{p.id}: prompt of {len(p.ids)} tokens + max new tokens exceeds the context of "
+                              f"{target.max_positions}")
+                    _skip(workload_info, p, reason)
+                    runs_file.add_skip(p, reason)    # so that a resumed run skips it without loading the model
                     continue
                 keep.append(p)
             prompts = keep
@@ -396,39 +636,40 @@ def _run(args, methods, dtypes, temps, search_cfg, out_path, prompts, workload_i
             bar.set_description(f"bench {dtype}: warm-up")
             for p in prompts[: args.warmup]:
                 for m in methods:
-                    runner.run(m, p, 0.0, args.seed, min(16, args.max_new_tokens))
+                    runner.run(m, p, 0.0, args.seed, min(WARMUP_TOKENS, args.max_new_tokens))
             bar.set_description(f"bench {dtype}")
             for i, p in enumerate(prompts):
+                ident = prompt_ident(p)
+                seed = args.seed + i
+                order = methods[i % len(methods):] + methods[: i % len(methods)]  # rotate: cancel drift
                 for temperature in temps:
-                    seed = args.seed + i
-                    order = methods[i % len(methods):] + methods[: i % len(methods)]  # rotate: cancel drift
-                    done: dict[str, Run] = {}
                     for m in order:
+                        key = run_key(ident, dtype, temperature, m, seed)
+                        if key in done:
+                            continue
                         bar.set_postfix_str(f"{m} {p.id}", refresh=False)
                         run = runner.run(m, p, temperature, seed, args.max_new_tokens)
-                        run.dtype = dtype
-                        done[m] = run
+                        run.dtype, run.seed = dtype, seed
+                        runs_file.add_run(run)
+                        done[key] = run
                         bar.update(1)
-                    if temperature <= 1e-5:
-                        ref = next((r for r in PLAIN if r in done), None)
-                        for m, run in done.items():
-                            if ref is not None:
-                                run.reference = ref
-                                run.first_diff = first_difference(run.output, done[ref].output)
-                    runs.extend(done[m] for m in methods)
             del runner, proposers, target
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     except KeyboardInterrupt:
-        interrupted = True       # write what is complete (whole prompts only), then stop
+        interrupted = True       # report what is complete (whole prompts only), then stop
     else:
         interrupted = False
     finally:
         bar.close()
+        runs_file.close()
 
+    runs = complete_runs(done, dtypes, prompts, temps, methods, args.seed)
     report = build_report(runs, methods, dtypes, temps, workload_info)
     report["interrupted"] = interrupted
+    report["runs_file"] = str(runs_file.path)
+    report["resumed_runs"] = sum(key_of(r) in restored for r in runs)     # taken from an earlier session
     report["settings"] = {
         "model": args.model, "draft": args.draft, "ngram": ngram, "device": args.device, "dtypes": dtypes,
         "methods": methods, "temperatures": temps, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed,
@@ -441,12 +682,13 @@ def _run(args, methods, dtypes, temps, search_cfg, out_path, prompts, workload_i
         "platform": platform.platform(), "threads": torch.get_num_threads(),
         "cuda_device": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
         "started": datetime.fromtimestamp(started).isoformat(timespec="seconds"),
-        "wall_seconds": round(time.time() - started, 1),
+        "wall_seconds": round(time.time() - started, 1),     # this session's
     }
     text = format_table(report)
     print(text)
     Path(out_path).write_text(json.dumps(report, indent=1))
-    print(f"wrote {out_path}" + (" (partial: interrupted)" if interrupted else ""), file=sys.stderr)
+    print(f"wrote {out_path}" + (f" (partial: interrupted; --resume continues from {runs_file.path})"
+                                 if interrupted else ""), file=sys.stderr)
     if interrupted:
         raise KeyboardInterrupt
     report["out"] = str(out_path)
@@ -570,6 +812,9 @@ def add_bench_args(p) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--warmup", type=int, default=1, help="prompts decoded untimed per dtype before the run")
     p.add_argument("--out", default=None, help="the JSON report (default runs/bench-DATE-TIME.json)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the runs recorded in the runs file next to --out (OUT.runs.jsonl, written as "
+                        "runs finish): skip those, run the rest, report all; the settings must be the same")
     p.add_argument("--no-progress", action="store_true")
     add_search_args(p)
 
@@ -579,7 +824,9 @@ def register(sub) -> None:
                        description="Decode each prompt with every method (alternating per prompt), print a table "
                                    "and write a JSON report: tokens/s, speedup over transformers generate, tau, "
                                    "acceptance by depth, draft/search/verify time shares, and for greedy runs "
-                                   "how many outputs are token-identical to plain decoding.",
+                                   "how many outputs are token-identical to plain decoding. Each finished "
+                                   "run is also appended to OUT.runs.jsonl, so --resume can continue a "
+                                   "benchmark that was stopped.",
                        conflict_handler="resolve")
     add_bench_args(p)
     p.set_defaults(handler=cmd_bench)

@@ -33,11 +33,16 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--logit-decay", type=float, default=d.logit_decay, help="logit weight decay^l")
     g.add_argument("--ngram-context-weight", type=float, default=0.0,
                    help="also count the prompt's and output's own n-grams, with this weight (0 = static table only)")
+    g.add_argument("--lookup-tokens", type=int, default=None,
+                   help="dart_pld: tokens in the prompt-lookup branch added to DART's tree (default: 5, measured)")
 
 
 def search_config_from(args) -> SearchConfig:
     from .loading import default_search_config
 
+    lookup_tokens = getattr(args, "lookup_tokens", None)
+    if lookup_tokens is not None and lookup_tokens < 1:
+        raise CliError("--lookup-tokens must be at least 1")
     budget = args.node_budget
     if budget is None:
         budget = default_search_config(getattr(args, "device", "cpu")).node_budget
@@ -95,7 +100,7 @@ def cmd_generate(args) -> int:
     target = load_target(args.model, args.device, args.dtype)
     gen_cfg.stop_ids = stop_ids(target)
     proposer = make_proposer(args.method, target, args.draft, args.ngram, search_cfg,
-                             context_weight=args.ngram_context_weight)
+                             context_weight=args.ngram_context_weight, lookup_tokens=args.lookup_tokens)
     prompt_ids = encode_prompt(target, args.prompt, raw=args.raw)
     settings = {"model": args.model, "draft": args.draft, "ngram": args.ngram, "device": args.device,
                 "dtype": args.dtype, "sampling": sampling.to_dict(), "search": search_cfg.to_dict(),

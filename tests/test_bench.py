@@ -167,3 +167,169 @@ def test_bench_prompt_file_bad_lines_sampling_and_two_dtypes(tmp_path, capsys, m
     sampled = res["vanilla", "bf16", 0.7, "mine"]
     assert sampled["identical"] is None and sampled["speedup"] > 0 and sampled["speedup_vs_hf_fp32"] > 0
     assert {r["prompt"] for r in report["runs"]} == {"mine/1", "q2"}
+
+
+# ---------------------------------------------------------------------------------------------------- resuming
+def test_run_round_trips_through_its_record(tmp_path):
+    p = BenchPrompt("a/1", "a", "x", ids=[1, 2], index=3)
+    run = Run(p, "dart", "bf16", 0.7, [4, 5], seconds=0.25, metrics=_metrics([2, 0]), stop="max_new_tokens",
+              seed=7)
+    back = bench.run_from_dict(json.loads(json.dumps(bench.run_to_dict(run))), p)
+    assert back == run and bench.key_of(back) == bench.key_of(run)
+    assert back.metrics.acceptance_by_depth == run.metrics.acceptance_by_depth
+    hf = Run(p, "hf_generate", "fp32", 0.0, [4], seconds=0.1, forwards=2, seed=7)
+    assert bench.run_from_dict(json.loads(json.dumps(bench.run_to_dict(hf))), p) == hf
+    # the same prompt at another place, or with another text, is another prompt
+    assert bench.key_of(hf) != bench.key_of(Run(BenchPrompt("a/1", "a", "x", index=4), "hf_generate", "fp32", 0.0,
+                                                [4], 0.1, seed=7))
+    assert bench.key_of(hf) != bench.key_of(Run(BenchPrompt("a/1", "a", "y", index=3), "hf_generate", "fp32", 0.0,
+                                                [4], 0.1, seed=7))
+    assert str(bench.runs_path(tmp_path / "runs" / "bench.json")) == str(tmp_path / "runs" / "bench.runs.jsonl")
+
+
+REAL_RUN = bench.Runner.run        # unwrapped, however many times a test counts
+
+
+def _count_runs(monkeypatch, stop_at=None):
+    """Record every decode (dtype, method, prompt, temperature, max new tokens); raise KeyboardInterrupt instead
+    of decode number `stop_at` (1-based), as Ctrl-C there would."""
+    calls = []
+
+    def run(self, method, prompt, temperature, seed, max_new):
+        if len(calls) + 1 == stop_at:
+            raise KeyboardInterrupt
+        dtype = bench.DTYPE_NAMES[str(self.target.model.dtype).removeprefix("torch.")]
+        calls.append((dtype, method, prompt.id, temperature, max_new))
+        return REAL_RUN(self, method, prompt, temperature, seed, max_new)
+
+    monkeypatch.setattr(bench.Runner, "run", run)
+    return calls
+
+
+def _count_loads(monkeypatch):
+    loads = []
+    real = loading.load_target
+
+    def counting_load(model, device, dtype):
+        loads.append(dtype)
+        return real(model, device, dtype)
+
+    monkeypatch.setattr(loading, "load_target", counting_load)
+    return loads
+
+
+def _no_loads(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("nothing is left to run: the model must not load")
+
+    monkeypatch.setattr(loading, "load_target", boom)
+
+
+def _run_records(path) -> list[dict]:
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0])["format"] == bench.RUNS_FORMAT
+    return [json.loads(line)["run"] for line in lines[1:] if "run" in json.loads(line)]
+
+
+def _record_key(d: dict) -> tuple:
+    return (d["dtype"], d["method"], d["prompt"]["id"], d["temperature"])
+
+
+def _identity(report) -> dict:
+    return {(r["method"], r["dtype"], r["temperature"], r["workload"]):
+            (r["prompts"], r["identical"], r["compared"], r["identical_vs"], r["divergences"])
+            for r in report["results"]}
+
+
+RESUME = ["--workloads", "mtbench", "--limit", "2", "--methods", "hf_generate,dart", "--dtype", "fp32,bf16",
+          "--temperature", "0,0.7", "--warmup", "1"]
+
+
+@needs_default
+def test_bench_resume_after_interrupt(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "WARMUP_TOKENS", 3)          # tells warm-up decodes (3 tokens) from timed ones (8)
+    # fp32: 2 warm-up + 8 timed decodes; bf16: 2 warm-up, then Ctrl-C during its 2nd timed decode
+    _count_runs(monkeypatch, stop_at=14)
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(bench_args(tmp_path / "cut", *RESUME))
+    runs_file = tmp_path / "cut" / "report.runs.jsonl"
+    before = _run_records(runs_file)
+    assert len(before) == 9 and {d["dtype"] for d in before[8:]} == {"bf16"}
+    partial = json.loads((tmp_path / "cut" / "report.json").read_text())
+    assert partial["interrupted"] and {r["dtype"] for r in partial["runs"]} == {"fp32"}   # whole prompts only
+    assert "--resume continues" in capsys.readouterr().err
+
+    loads = _count_loads(monkeypatch)
+    calls = _count_runs(monkeypatch)
+    report = run_bench(bench_args(tmp_path / "cut", *RESUME, "--resume"))
+    assert loads == ["bf16"]                                 # fp32 is all done: not even loaded
+    warm = [c for c in calls if c[4] == 3]
+    timed = {(d, m, p, t) for d, m, p, t, n in calls if n == 8}
+    assert len(warm) == 2 and {c[0] for c in warm} == {"bf16"}
+    assert len(timed) == len(calls) - 2 == 16 - 9
+    assert not timed & {_record_key(d) for d in before}      # nothing already in the runs file runs again
+    after = _run_records(runs_file)
+    assert after[:9] == before and len({_record_key(d) for d in after}) == len(after) == 16
+    assert report["resumed_runs"] == 9 and not report["interrupted"] and len(report["runs"]) == 16
+    assert {(r["method"], r["dtype"], r["temperature"], r["workload"]): r["prompts"] for r in report["results"]} \
+        == {(m, d, t, w): 2 for m in ("hf_generate", "dart") for d in ("fp32", "bf16")
+            for t in (0.0, 0.7) for w in ("all", "mtbench")}
+    assert json.loads((tmp_path / "cut" / "report.json").read_text())["results"] == report["results"]
+
+    # an uninterrupted run gives the same identity counts, and the same outputs (sampled ones too: same seeds)
+    fresh = run_bench(bench_args(tmp_path / "fresh", *RESUME))
+    assert _identity(report) == _identity(fresh)
+    outputs = {_record_key(d): d["output"] for d in _run_records(tmp_path / "fresh" / "report.runs.jsonl")}
+    assert {_record_key(d): d["output"] for d in after} == outputs
+
+
+ONE = ["--workloads", "mtbench", "--limit", "2", "--methods", "hf_generate,vanilla", "--dtype", "fp32",
+       "--temperature", "0"]
+
+
+@needs_default
+def test_bench_resume_refuses_other_settings(tmp_path, capsys, monkeypatch):
+    base = ["bench", *FAST, *ONE, "--out", str(tmp_path / "report.json")]
+    assert main(base) == 0
+    runs_file = (tmp_path / "report.runs.jsonl").read_text()
+    capsys.readouterr()
+    _no_loads(monkeypatch)                                   # the settings are checked before loading anything
+    for extra, name in ((["--max-new-tokens", "5"], "max_new_tokens"), (["--node-budget", "4"], "search.node_budget"),
+                        (["--seed", "3"], "seed")):
+        assert main([*base, *extra, "--resume"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: cannot resume") and f" {name}=" in err[0], err
+    assert (tmp_path / "report.runs.jsonl").read_text() == runs_file     # left as it was
+    assert main(["bench", *FAST, *ONE, "--resume"]) == 2
+    assert "--resume needs --out" in capsys.readouterr().err
+    # the same settings: every run is done, nothing loads, the report is rebuilt from the runs file
+    assert main([*base, "--resume"]) == 0
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["resumed_runs"] == 4 and saved["results"][0]["prompts"] == 2
+
+
+@needs_default
+def test_bench_resume_redoes_a_run_cut_by_a_kill(tmp_path, capsys, monkeypatch):
+    args = ["bench", *FAST, *ONE, "--out", str(tmp_path / "report.json")]
+    assert main(args) == 0
+    whole = json.loads((tmp_path / "report.json").read_text())
+    path = tmp_path / "report.runs.jsonl"
+    text = path.read_text()
+    last = text.splitlines()[-1]
+    path.write_text(text[: len(text) - 1 - len(last) // 2])     # the kill cut the last record halfway
+    lost = _record_key(json.loads(last)["run"])
+
+    calls = _count_runs(monkeypatch)
+    assert main([*args, "--resume"]) == 0
+    assert [(d, m, p, t) for d, m, p, t, _ in calls] == [lost]   # only the cut run runs again
+    assert "ignored 1 unreadable line(s)" in capsys.readouterr().err
+    records = _run_records(path)                                   # every line reads: the cut one is gone
+    assert len(records) == 4 and len({_record_key(d) for d in records}) == 4
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["resumed_runs"] == 3 and _identity(report) == _identity(whole)
+
+    # without --resume the runs file starts afresh
+    calls.clear()
+    assert main(args) == 0
+    assert len(calls) == 4 and len(_run_records(path)) == 4
+    assert "replacing" in capsys.readouterr().err

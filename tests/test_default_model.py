@@ -31,6 +31,7 @@ def test_default_model_loads_offline(target):
 def test_shipped_head_is_lossless_and_trained(target):
     assert (DEFAULT_HEAD / "config.json").is_file(), "the trained head must be shipped in assets/"
     dart = make_proposer("dart", target, "default", "default")
+    dart_pld = make_proposer("dart_pld", target, "default", "default")
     vanilla = make_proposer("vanilla", target)
     metrics = Metrics()
     cfg = GenerationConfig(max_new_tokens=48, stop_ids=stop_ids(target))
@@ -39,6 +40,7 @@ def test_shipped_head_is_lossless_and_trained(target):
         expected = run(target, vanilla, ids, cfg).output_ids
         trace = run(target, dart, ids, cfg)
         assert trace.output_ids == expected
+        assert run(target, dart_pld, ids, cfg).output_ids == expected
         for step in trace.steps:
             metrics.observe(step)
     print(f"shipped head tau on {len(PROMPTS)} prompts: {metrics.tau:.2f}")
@@ -56,6 +58,7 @@ def test_missing_model_folder_is_a_clear_error(tmp_path):
     (["generate", "--prompt", "   "], "prompt is empty"),
     (["generate", "--prompt", "hi", "--node-budget", "-1"], "node_budget"),
     (["generate", "--prompt", "hi", "--top-p", "2"], "top_p"),
+    (["generate", "--prompt", "hi", "--method", "dart_pld", "--lookup-tokens", "0"], "--lookup-tokens"),
 ])
 def test_cli_bad_arguments_exit_with_one_line(argv, message, capsys):
     assert cli_main(argv) == 2
