@@ -189,8 +189,9 @@ class Callbacks:
 
     def run(self, session: Session | None, prompt, use_pld, temperature, top_p, top_k, max_new_tokens, seed,
             node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay,
-            show_pruned=False) -> Iterator[dict]:
-        """Generate with plain decoding and DART (and prompt lookup), interleaved step by step."""
+            show_pruned=False, lookup_branch=False) -> Iterator[dict]:
+        """Generate with plain decoding and DART (and prompt lookup), interleaved step by step.
+        lookup_branch: DART's trees also get prompt lookup's copied continuation as one more branch."""
         session = session or Session()
         try:
             if not self.engine.can_generate:
@@ -207,8 +208,8 @@ class Callbacks:
         methods = ["vanilla", "dart"] + (["pld"] if use_pld else [])
         lanes = []
         for method in methods:
-            trace = self.engine.new_trace(method, prompt_ids, prompt, sampling, search, max_new)
-            steps = self.engine.steps(method, prompt_ids, sampling, search, max_new)
+            trace = self.engine.new_trace(method, prompt_ids, prompt, sampling, search, max_new, bool(lookup_branch))
+            steps = self.engine.steps(method, prompt_ids, sampling, search, max_new, bool(lookup_branch))
             lanes.append(Lane(method, trace, steps, on_step=self.engine.name_step))
         session.new_run(lanes)
         session.running = True
@@ -375,7 +376,7 @@ class Callbacks:
         step = trace.steps[i]
         title = f"What-if on step {i}: {len(result.tree) - 1} draft nodes, {result.accepted} accepted"
         view = figures.tree_view(trace, result.tree, result.path, result.bonus, result.candidates, result.context,
-                                 False, title=title)
+                                 False, title=title, lookup_nodes=result.lookup_nodes)
         fig = figures.tree_figure_from_view(view)
         would = "".join(token_text(trace, result.tree.tokens[n]) for n in result.path[1:])
         rec = "".join(token_text(trace, t) for t in step.new_tokens[: step.accepted])

@@ -88,25 +88,30 @@ class Engine:
             raise EngineError(f"The prompt is too long: {len(ids)} tokens, at most {limit}.")
         return ids
 
-    def proposer(self, method: str, search: SearchConfig) -> Proposer:
+    def proposer(self, method: str, search: SearchConfig, lookup_branch: bool = False) -> Proposer:
+        """lookup_branch: DART's tree also gets prompt lookup's copied continuation (the dart_pld proposer)."""
+        if lookup_branch and method == "dart":
+            method = "dart_pld"
         try:
             return build_proposer(method, self.target, self.head, self.ngram, search)
         except ValueError as exc:
             raise EngineError(str(exc)) from None
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt: str, sampling: SamplingConfig,
-                  search: SearchConfig, max_new_tokens: int) -> Trace:
+                  search: SearchConfig, max_new_tokens: int, lookup_branch: bool = False) -> Trace:
         settings = dict(self.settings, sampling=sampling.to_dict(), search=search.to_dict(),
                         max_new_tokens=max_new_tokens, stop_ids=sorted(self.stop_ids))
+        if lookup_branch and method == "dart":
+            settings["lookup_branch"] = True
         trace = Trace(method=method, prompt_ids=list(prompt_ids), prompt_text=prompt, settings=settings)
         self.name_tokens(trace, prompt_ids)
         return trace
 
     def steps(self, method: str, prompt_ids: list[int], sampling: SamplingConfig, search: SearchConfig,
-              max_new_tokens: int):
+              max_new_tokens: int, lookup_branch: bool = False):
         """The step generator of one lane (lazy: nothing runs before the first `next()`)."""
         config = GenerationConfig(max_new_tokens, sampling, stop_ids=self.stop_ids)
-        return generate(self.target, self.proposer(method, search), prompt_ids, config)
+        return generate(self.target, self.proposer(method, search, lookup_branch), prompt_ids, config)
 
     def name_tokens(self, trace: Trace, ids) -> None:
         """Record the text of the given token ids in the trace (replays need no tokenizer)."""

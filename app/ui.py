@@ -112,6 +112,9 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
                 comps["example"] = gr.Dropdown(EXAMPLE_CHOICES, value=None, label="Example prompts",
                                                elem_id="examples", interactive=engine.can_generate)
                 comps["use_pld"] = gr.Checkbox(label="Third lane: prompt lookup", value=False, elem_id="use-pld")
+                comps["lookup_branch"] = gr.Checkbox(
+                    label="DART + lookup branch", value=False, elem_id="lookup-branch",
+                    info="add prompt lookup's copied continuation to every DART tree (not in the paper)")
                 with gr.Accordion("Sampling", open=False):
                     for knob in SAMPLING_KNOBS:
                         comps[knob.name] = _slider(knob)
@@ -178,7 +181,7 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
         view_in = [c["state"], c["lane"], c["step"], c["show_pruned"]]
         hidden = {"api_visibility": "undocumented"}
         run_inputs = [c["state"], c["prompt"], c["use_pld"], *(c[k.name] for k in SAMPLING_KNOBS),
-                      *(c[k.name] for k in TREE_KNOBS), c["show_pruned"]]
+                      *(c[k.name] for k in TREE_KNOBS), c["show_pruned"], c["lookup_branch"]]
         run = _bind(cb.run, OUTPUT_NAMES)
         # One model, one run at a time across all sessions: the others wait in the queue (shown on the lanes).
         model_event = {"concurrency_limit": 1, "concurrency_id": MODEL_EVENTS, "show_progress": "minimal",

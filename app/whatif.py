@@ -8,7 +8,7 @@ exactly: greedy decoding is lossless, so the target's choices from this step on 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dart_core.acceptance import GREEDY_TEMPERATURE
 from dart_core.ngram import NGramModel
@@ -42,6 +42,7 @@ class WhatIf:
     how: str
     context: list[int]
     notes: list[str]
+    lookup_nodes: list[int] = field(default_factory=list)   # the recorded prompt-lookup branch, grafted again
 
     @property
     def accepted(self) -> int:
@@ -87,11 +88,15 @@ def what_if(trace: Trace, index: int, config: SearchConfig, ngram: NGramModel | 
             and (step.candidates.ngram_match >= 0).any():
         notes.append("the n-gram table used for this trace is not loaded: the search runs without its term")
     result = search(step.rows_tokens, step.rows_probs, context, config, ngram, eos_ids)
+    tree, lookup_nodes = result.tree, []
+    if step.lookup_nodes and step.tree is not None:  # keep the step's prompt-lookup branch: only the search changes
+        branch = [step.tree.tokens[n] for n in step.tree.path_to(max(step.lookup_nodes))[1:]]
+        tree, lookup_nodes = tree.with_branch(branch, len(branch))
     if verifier is not None:
-        path, bonus = verifier(context, result.tree)
+        path, bonus = verifier(context, tree)
         how = VERIFIED
     else:
         future = [t for s in trace.steps[index:] for t in s.new_tokens]
-        path, bonus = follow_tokens(result.tree, future)
+        path, bonus = follow_tokens(tree, future)
         how = REPLAYED if is_greedy(trace) else ESTIMATED
-    return WhatIf(index, config, result.tree, result.candidates, path, bonus, how, context, notes)
+    return WhatIf(index, config, tree, result.candidates, path, bonus, how, context, notes, lookup_nodes)

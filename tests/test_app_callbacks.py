@@ -358,3 +358,23 @@ def test_app_wiring_queue_cancels_and_no_tracebacks(tmp_path):
         out = what.fn("not a session", "dart", 1, 5, 2, 3, 0.5, 0.7, 0.9)
     message = next(v for k, v in out.items() if getattr(k, "elem_id", None) == "message")
     assert "Something went wrong: AttributeError" in message and "Traceback" not in message
+
+
+def test_lookup_branch_option_grafts_prompt_lookup_onto_darts_trees(cb):
+    from app.whatif import follow_tokens
+
+    session = Session()
+    # a repetitive prompt, so the lookup finds earlier n-grams to copy
+    run_all(cb, session, *run_args("ab ab ab ab ab ab", max_new_tokens=16), False, True)
+    dart, plain = session.lanes["dart"].trace, session.lanes["vanilla"].trace
+    assert dart.output_ids == plain.output_ids                         # still lossless
+    assert dart.method == "dart" and dart.settings["lookup_branch"] is True
+    step = next((s for s in dart.steps[1:] if s.lookup_nodes), None)
+    assert step is not None, "no step got a prompt-lookup branch"
+    branch = [step.tree.tokens[n] for n in step.tree.path_to(max(step.lookup_nodes))[1:]]
+    # what-if reruns only the search: the recorded branch is still a whole path of the new tree
+    again = what_if(dart, step.index, SearchConfig(node_budget=1, beam_width=4, topk=6), cb.engine.ngram,
+                    cb.engine.stop_ids, cb.engine.verifier(SamplingConfig()))
+    path, _ = follow_tokens(again.tree, branch + [-1])
+    assert len(path) - 1 == len(branch) and again.lookup_nodes
+    assert len(again.tree) - 1 <= 1 + len(branch)
