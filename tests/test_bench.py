@@ -147,14 +147,7 @@ def test_bench_prompt_file_bad_lines_sampling_and_two_dtypes(tmp_path, capsys, m
     f = tmp_path / "mine.jsonl"
     f.write_text("\n".join([json.dumps({"prompt": "Name three colors."}), "{broken", json.dumps({"text": "no"}),
                             json.dumps({"prompt": "   "}), json.dumps({"id": "q2", "prompt": "Count to five."})]))
-    loads = []
-    real = loading.load_target
-
-    def counting_load(model, device, dtype):
-        loads.append(dtype)
-        return real(model, device, dtype)
-
-    monkeypatch.setattr(loading, "load_target", counting_load)
+    loads = _count_loads(monkeypatch)
     report = run_bench(bench_args(tmp_path, "--prompts", str(f), "--methods", "hf_generate,vanilla",
                                   "--dtype", "fp32,bf16", "--temperature", "0,0.7", "--max-new-tokens", "4"))
     assert loads == ["fp32", "bf16"]                       # the target loads once per dtype
