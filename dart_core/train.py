@@ -217,6 +217,7 @@ class Trainer:
         self.sequences_seen = 0
         self.best = -1.0
         self.history: list[dict] = []
+        self.sessions: list[dict] = []   # one entry per fit() call: its command, commit and first step
         self.rng = random.Random(cfg.seed + 1)
 
     def _optimizer(self) -> torch.optim.Optimizer:
@@ -271,7 +272,7 @@ class Trainer:
 
     def save(self, directory, metrics: dict, command: str = "") -> None:
         head = self.head
-        head.config.extra = {"command": command, "commit": _git_commit(), "steps": self.step,
+        head.config.extra = {"command": command, "commit": _git_commit(), "sessions": self.sessions, "steps": self.step,
                              "tokens_seen": self.tokens_seen, "sequences_seen": self.sequences_seen,
                              "heldout_sequences": len(self.heldout), "vocab_coverage": round(self.coverage, 4),
                              "heldout": metrics, "train_config": self.cfg.__dict__}
@@ -280,7 +281,8 @@ class Trainer:
 
     def checkpoint(self) -> None:
         torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                    "tokens_seen": self.tokens_seen, "best": self.best, "sequences_seen": self.sequences_seen, "history": self.history,
+                    "tokens_seen": self.tokens_seen, "best": self.best, "sequences_seen": self.sequences_seen,
+                    "history": self.history, "sessions": self.sessions,
                     "rng": self.rng.getstate()}, self.out / "ckpt.tmp")
         (self.out / "ckpt.tmp").rename(self.out / "ckpt.pt")
 
@@ -299,6 +301,7 @@ class Trainer:
         self.step, self.tokens_seen, self.best = state["step"], state["tokens_seen"], state["best"]
         self.sequences_seen = state["sequences_seen"]
         self.history = state["history"]
+        self.sessions = state.get("sessions", [])
         self.rng.setstate(state["rng"])
         return True
 
@@ -329,6 +332,7 @@ class Trainer:
         running = {"loss": 0.0, "hit0": 0.0, "chain": 0.0}
         bar = tqdm(total=c.max_steps, initial=self.step, desc="training head", unit="step")
         metrics = self.history[-1] if self.history else {}
+        self.sessions.append({"command": command, "commit": _git_commit(), "from_step": self.step})
         while self.step < c.max_steps and time.time() < deadline:
             for group in self.opt.param_groups:
                 group["lr"] = self.lr_at(self.step)
