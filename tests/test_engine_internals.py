@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
+from transformers import AutoModelForCausalLM, GraniteConfig
 
 from dart_core.acceptance import SamplingConfig, processed_probs
 from dart_core.decoding import GenerationConfig, generate, run
 from dart_core.draft_head import DraftCache, DraftHead, DraftHeadError
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, VanillaProposer
+from dart_core.target import TargetModel
 from dart_core.trace import Trace, TraceError
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
@@ -120,6 +122,38 @@ def test_bf16_verification_matches_plain_forward():
         committed.extend(step.new_tokens)
         cache_checked += 1
     assert cache_checked > 2
+
+
+def test_onednn_output_head_gives_the_models_logits_and_follows_weight_changes():
+    target = tiny_target("llama", seed=5)
+    assert target.output_head is not None  # CPU, fp32, plain output layer: the oneDNN path is taken
+    ids, pos = torch.tensor([3, 9, 4, 7]), torch.arange(4)
+
+    def both():
+        with torch.inference_mode():
+            ours, _ = target.forward(ids, pos, target.new_cache())
+            theirs = target.model(input_ids=ids[None]).logits[0]
+        return ours, theirs
+
+    ours, theirs = both()
+    assert torch.allclose(ours, theirs, atol=1e-4)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(-0.5)  # an edit after loading must not leave a stale packed copy
+    ours, theirs = both()
+    assert torch.allclose(ours, theirs, atol=1e-4)
+
+
+def test_scaled_logits_keep_the_models_own_output_layer():
+    torch.manual_seed(0)
+    cfg = GraniteConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, logits_scaling=4.0)
+    target = TargetModel(AutoModelForCausalLM.from_config(cfg).eval())
+    assert target.output_head is None  # logits are not just the output layer: the fast path would be wrong
+    ids = torch.tensor([3, 9, 4])
+    with torch.inference_mode():
+        ours, _ = target.forward(ids, torch.arange(3), target.new_cache())
+        theirs = target.model(input_ids=ids[None]).logits[0]
+    assert torch.allclose(ours, theirs, atol=1e-5)
 
 
 def test_sampling_through_the_loop_matches_the_target_distribution():
