@@ -210,10 +210,12 @@ class DraftHead(nn.Module):
         h = residual + self.o_proj(attn.transpose(0, 1).reshape(T, -1))
         return h, k, v
 
-    def _mlp_and_logits(self, h: torch.Tensor, out_weight: torch.Tensor | None) -> torch.Tensor:
+    def _mlp_and_logits(self, h: torch.Tensor, out_weight: torch.Tensor | None, output=None) -> torch.Tensor:
         y = self.post_attn_norm(h)
         h = h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
         out = self.final_norm(h)
+        if output is not None:
+            return output(out)
         if self.lm_head is not None:
             return self.lm_head(out)
         if out_weight is None:
@@ -221,11 +223,12 @@ class DraftHead(nn.Module):
         return out @ out_weight.to(out.dtype).T
 
     def forward(self, features: torch.Tensor, embeds: torch.Tensor, cache: DraftCache,
-                out_weight: torch.Tensor | None = None) -> torch.Tensor:
+                out_weight: torch.Tensor | None = None, output=None) -> torch.Tensor:
         """One drafting step.
 
         features: [S, 3H] target features of the S newly committed tokens.
         embeds:   [S, H] embeddings of the tokens that follow them (the last is the pending root).
+        output:   optional stand-in for the output layer (the same weights computed faster, for inference).
         Appends the S real positions to `cache` and returns logits [K+1, Vd].
         """
         c = self.config
@@ -237,7 +240,7 @@ class DraftHead(nn.Module):
         mask = torch.ones(S + K, P + S + K, dtype=torch.bool, device=x.device).tril(P)
         h, k, v = self._attend_and_mlp(x, residual, positions, mask, cache.keys, cache.values)
         cache.append(k[:, :S], v[:, :S])  # mask slots are never cached
-        return self._mlp_and_logits(h[-(K + 1):], out_weight)
+        return self._mlp_and_logits(h[-(K + 1):], out_weight, output)
 
     def forward_train(self, features: torch.Tensor, embeds: torch.Tensor, anchors: torch.Tensor,
                       out_weight: torch.Tensor | None = None) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 from .draft_head import DraftCache, DraftHead
 from .context_ngram import ContextNGram
 from .ngram import NGramModel
+from .target import OneDnnOutputHead, onednn_applies
 from .tree import TokenTree
 from .tree_search import Candidates, SearchConfig, search
 
@@ -108,6 +109,7 @@ class HeadDrafter(Drafter):
         weight = target.lm_head.weight
         self.out_weight = None if head.lm_head is not None else (
             weight if head.d2t is None else weight[head.d2t.to(weight.device)])
+        self.output = OneDnnOutputHead(head.lm_head) if onednn_applies(head.lm_head) else None
 
     def reset(self):
         self.cache = DraftCache()
@@ -119,7 +121,7 @@ class HeadDrafter(Drafter):
             raise RuntimeError(f"draft cache out of step: {P} cached + {S} new != {len(context) - 1} committed")
         ids = torch.tensor(context[P + 1:], dtype=torch.long, device=self.target.device)
         embeds = self.target.embed_tokens(ids)
-        return self.head(new_features, embeds, self.cache, self.out_weight)[: self.n_rows]
+        return self.head(new_features, embeds, self.cache, self.out_weight, self.output)[: self.n_rows]
 
     def target_ids(self, draft_ids):
         return self.head.target_ids(draft_ids.to(self.head.fc.weight.device))

@@ -219,6 +219,17 @@ def test_training_forward_equals_inference_forward(llama):
             assert torch.allclose(train_rows[a], rows, atol=1e-4)
 
 
+def test_drafter_with_onednn_output_layer_drafts_what_the_head_computes(llama):
+    head = random_head(llama, n_mask=3, seed=8, draft_vocab_size=40, tie_output=False)
+    drafter = HeadDrafter(head, llama)
+    assert drafter.output is not None
+    feats, embeds = torch.randn(5, 3 * llama.hidden_size), torch.randn(5, llama.hidden_size)
+    with torch.inference_mode():
+        fast = head(feats, embeds, DraftCache(), output=drafter.output)
+        plain = head(feats, embeds, DraftCache())
+    assert torch.allclose(fast, plain, atol=1e-4)
+
+
 def test_draft_head_file_errors(tmp_path, llama):
     head = random_head(llama, n_mask=2)
     folder = tmp_path / "h"
