@@ -41,7 +41,7 @@ class TrainConfig:
     eval_every: int = 200
     heldout: float = 0.03
     seed: int = 0
-    bf16: bool = True                # autocast matmuls to bf16 (fast on CPUs with AMX)
+    bf16: bool = True                # autocast matmuls to bf16 (fast on CPUs with AMX, and on GPUs)
 
 
 # ---------------------------------------------------------------------------------------------- preparation
@@ -91,7 +91,7 @@ def init_from_target(head: DraftHead, target: TargetModel) -> None:
         src = getattr(attn, name).weight
         dst = getattr(head, name).weight
         if dst.shape == (src.shape[0], 2 * H):
-            dst[:, H:] = src.to(dst.dtype)
+            dst[:, H:].copy_(src)
             dst[:, :H].normal_(std=0.02)
     if head.o_proj.weight.shape == attn.o_proj.weight.shape:
         head.o_proj.weight.copy_(attn.o_proj.weight)
@@ -101,22 +101,23 @@ def init_from_target(head: DraftHead, target: TargetModel) -> None:
     head.post_attn_norm.weight.copy_(last.post_attention_layernorm.weight)
     head.final_norm.weight.copy_(target.model.model.norm.weight)
     if head.lm_head is not None:
-        rows = target.lm_head.weight if head.d2t is None else target.lm_head.weight[head.d2t]
-        head.lm_head.weight.copy_(rows)
+        weight = target.lm_head.weight
+        head.lm_head.weight.copy_(weight if head.d2t is None else weight[head.d2t.to(weight.device)])
 
 
 @torch.no_grad()
 def grow_draft_vocab(head: DraftHead, target: TargetModel, d2t: torch.Tensor) -> DraftHead:
     """A copy of `head` over the larger draft vocabulary `d2t` (sorted target ids, a superset of head.d2t).
     Learned output rows are kept; rows of new tokens start as the target's output rows, as at init."""
-    old = head.d2t
+    old, d2t = head.d2t, d2t.to(head.d2t.device)
     if not bool(torch.isin(old, d2t).all()):
         raise ValueError("the new draft vocabulary must contain the old one")
-    grown = DraftHead(replace(head.config, draft_vocab_size=len(d2t)))
+    grown = DraftHead(replace(head.config, draft_vocab_size=len(d2t))).to(old.device)
     state = {k: v for k, v in head.state_dict().items() if k not in ("d2t", "lm_head.weight")}
     grown.load_state_dict(state, strict=False)
     grown.d2t.copy_(d2t)
-    rows = target.lm_head.weight[d2t].to(grown.lm_head.weight.dtype).clone()
+    weight = target.lm_head.weight
+    rows = weight[d2t.to(weight.device)].to(grown.lm_head.weight.device, grown.lm_head.weight.dtype)
     rows[torch.searchsorted(d2t, old)] = head.lm_head.weight
     grown.lm_head.weight.copy_(rows)
     return grown
@@ -157,12 +158,16 @@ def sequence_batch(seq: dict, n_rows: int, n_anchors: int, rng: random.Random, t
 
 def head_logits(head: DraftHead, target: TargetModel, seq: dict, anchors: torch.Tensor,
                 out_weight: torch.Tensor | None) -> torch.Tensor:
-    ids = seq["ids"].long()
+    ids, device = seq["ids"].long(), target.device
     n = int(anchors.max()) + 1   # positions past the last anchor are never attended to; anchors <= T-2
-    feats = seq["features"][:n].float()
+    feats = seq["features"][:n].to(device).float()
     with torch.no_grad():
-        embeds = target.embed_tokens(ids[1:n + 1].to(target.device)).float()  # position i: token i+1
-    return head.forward_train(feats, embeds, anchors, out_weight)     # [A, R, Vd]
+        embeds = target.embed_tokens(ids[1:n + 1].to(device)).float()  # position i: token i+1
+    return head.forward_train(feats, embeds, anchors.to(device), out_weight)  # [A, R, Vd]
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def row_stats(logits: torch.Tensor, batch: dict) -> dict:
@@ -172,9 +177,11 @@ def row_stats(logits: torch.Tensor, batch: dict) -> dict:
     hit1 = (top3[..., 0] == batch["argmax"]) & ok
     hit3 = (top3 == batch["argmax"][..., None]).any(-1) & ok
     full = batch["row_ok"].all(-1)                                     # anchors with every row inside the text
-    return {"hit1": hit1[full].float().sum(0), "rows": full.sum(),
-            "chain1": hit1[full].int().cumprod(-1).sum(-1).float().sum(),
-            "chain3": hit3[full].int().cumprod(-1).sum(-1).float().sum()}
+    chain1 = hit1[full].int().cumprod(-1).sum(-1)
+    R = logits.shape[1]
+    return {"hit1": hit1[full].float().sum(0).cpu(), "rows": int(full.sum()),
+            "chain1": float(chain1.sum()), "chain3": float(hit3[full].int().cumprod(-1).sum(-1).sum()),
+            "chain_hist": torch.bincount(chain1.cpu(), minlength=R + 1).float()}
 
 
 def soft_ce(logits: torch.Tensor, batch: dict, row_weights: torch.Tensor) -> torch.Tensor:
@@ -208,10 +215,11 @@ class Trainer:
             self.head.d2t.copy_(d2t)
         init_from_target(self.head, target)
         set_feature_stats(self.head, stats_seqs)
-        self.head.train()
+        self.device = target.device
+        self.head.to(self.device).train()
         self.t2d = self._target_to_draft()
         self.opt = self._optimizer()
-        self.row_weights = cfg.row_decay ** torch.arange(cfg.n_mask + 1, dtype=torch.float32)
+        self.row_weights = cfg.row_decay ** torch.arange(cfg.n_mask + 1, dtype=torch.float32, device=self.device)
         self.step = 0
         self.tokens_seen = 0
         self.sequences_seen = 0
@@ -227,13 +235,13 @@ class Trainer:
     def coverage(self) -> float:
         """Share of the held-out target tokens inside the draft vocabulary."""
         d2t = self.head.d2t
-        return 1.0 if d2t is None else vocab_coverage(self.heldout, d2t, self.target.vocab_size)
+        return 1.0 if d2t is None else vocab_coverage(self.heldout, d2t.cpu(), self.target.vocab_size)
 
     def _target_to_draft(self) -> torch.Tensor | None:
         """[V] draft index of each target token (-1 outside the draft vocabulary), from the head's own d2t."""
-        d2t = self.head.d2t
-        if d2t is None:
+        if self.head.d2t is None:
             return None
+        d2t = self.head.d2t.cpu()  # batches are built on the cpu
         t2d = torch.full((self.target.vocab_size,), -1, dtype=torch.long)
         t2d[d2t] = torch.arange(len(d2t))
         return t2d
@@ -247,18 +255,19 @@ class Trainer:
         return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
     def _autocast(self):
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16 and self.target.device.type == "cpu")
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
 
     @torch.no_grad()
     def evaluate(self) -> dict:
         self.head.eval()
         R = self.cfg.n_mask + 1
-        tot = {"hit1": torch.zeros(R), "rows": 0, "chain1": 0.0, "chain3": 0.0}
+        tot = {"hit1": torch.zeros(R), "rows": 0, "chain1": 0.0, "chain3": 0.0, "chain_hist": torch.zeros(R + 1)}
         rng = random.Random(1234)
         for seq in self.heldout:
             batch = sequence_batch(seq, R, self.cfg.anchors, rng, self.t2d)
             if batch is None:
                 continue
+            batch = to_device(batch, self.device)
             with self._autocast():
                 logits = head_logits(self.head, self.target, seq, batch["anchors"], None)
             st = row_stats(logits, batch)
@@ -268,7 +277,9 @@ class Trainer:
         n = max(int(tot["rows"]), 1)
         return {"row_top1": [round(float(x) / n, 4) for x in tot["hit1"]],
                 "chain_tau": round(1 + float(tot["chain1"]) / n, 4),
-                "top3_tau_bound": round(1 + float(tot["chain3"]) / n, 4), "anchors": n}
+                "top3_tau_bound": round(1 + float(tot["chain3"]) / n, 4), "anchors": n,
+                # anchors whose greedy chain accepts 0, 1, ... R rows: tau for any smaller K can be read off it
+                "chain_lengths": [int(x) for x in tot["chain_hist"]]}
 
     def save(self, directory, metrics: dict, command: str = "") -> None:
         head = self.head
@@ -290,7 +301,7 @@ class Trainer:
         path = self.out / "ckpt.pt"
         if not path.is_file():
             return False
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, weights_only=False, map_location=self.device)
         saved_d2t = state["head"].get("d2t")
         if saved_d2t is not None and self.head.d2t is not None and len(saved_d2t) < len(self.head.d2t):
             self._resume_with_larger_vocab(state, saved_d2t)
@@ -309,13 +320,13 @@ class Trainer:
         """--draft-vocab grew since the checkpoint: keep every learned weight and the optimizer's moments, add
         the most frequent missing tokens. New rows' second moments start at the old rows' mean, so their first
         updates are as large as everyone else's, not 1/sqrt(1-beta2) times larger."""
-        small = DraftHead(replace(self.head.config, draft_vocab_size=len(saved_d2t)))
+        small = DraftHead(replace(self.head.config, draft_vocab_size=len(saved_d2t))).to(self.device)
         small.load_state_dict(state["head"])
-        d2t = self._choose_vocab(must_include=saved_d2t.tolist())
+        d2t = self._choose_vocab(must_include=saved_d2t.tolist()).to(self.device)
         self.head = grow_draft_vocab(small, self.target, d2t).train()
         self.opt = self._optimizer()
         self.opt.load_state_dict(state["opt"])  # same parameter order; only lm_head's moments change shape
-        rows = torch.searchsorted(d2t, saved_d2t)
+        rows = torch.searchsorted(d2t, saved_d2t.to(self.device))
         moments = self.opt.state[self.head.lm_head.weight]
         for key, fill in (("exp_avg", 0.0), ("exp_avg_sq", float(moments["exp_avg_sq"].mean()))):
             grown = torch.full_like(self.head.lm_head.weight, fill)
@@ -343,6 +354,7 @@ class Trainer:
                 batch = sequence_batch(seq, R, c.anchors, self.rng, self.t2d)
                 if batch is None:
                     continue
+                batch = to_device(batch, self.device)
                 with self._autocast():
                     logits = head_logits(self.head, self.target, seq, batch["anchors"], None)
                 loss = soft_ce(logits, batch, self.row_weights) / c.accumulate

@@ -25,6 +25,7 @@ def register(sub) -> None:
     g.add_argument("--batch-size", type=int, default=32)
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--dtype", default="bf16")
+    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     g.set_defaults(handler=cmd_train_data)
 
     t = sub.add_parser("train", help="train a DART draft head")
@@ -51,10 +52,10 @@ def register(sub) -> None:
     t.set_defaults(handler=cmd_train)
 
 
-def _load(model: str, dtype: str):
+def _load(model: str, dtype: str, device: str):
     from .loading import load_target, stop_ids
 
-    target = load_target(model, "cpu", dtype)
+    target = load_target(model, device, dtype)
     return target, stop_ids(target)
 
 
@@ -64,7 +65,7 @@ def cmd_train_data(args) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
         raise CliError(f"cannot write {out}: folder {out.parent} does not exist")
-    target, stops = _load(args.model, args.dtype)
+    target, stops = _load(args.model, args.dtype, args.device)
     n = generate_responses(target.model, target.tokenizer, out, limit=args.limit, batch_size=args.batch_size,
                            max_new_tokens=args.max_new_tokens, stop_ids=stops)
     print(f"wrote {n} responses to {out}")
@@ -115,7 +116,7 @@ def cmd_train(args) -> int:
                       accumulate=args.accumulate, lr=args.lr, row_decay=args.row_decay, max_steps=args.steps,
                       minutes=args.minutes, eval_every=args.eval_every, seed=args.seed,
                       warmup=min(100, max(1, args.steps // 20)))
-    target, stops = _load(args.model, args.dtype)
+    target, stops = _load(args.model, args.dtype, args.device)
     records = training_records(target.tokenizer, args.responses, args.sharegpt, args.max_tokens, args.seed)
     if len(records) <= args.heldout + 1:
         raise CliError(f"only {len(records)} training sequences: need more than --heldout {args.heldout}")

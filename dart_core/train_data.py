@@ -86,8 +86,9 @@ def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size
         for start in range(0, len(todo), batch_size):
             batch = todo[start: start + batch_size]
             width = max(len(ids) for _, ids in batch)
-            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in batch])
-            attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch])
+            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in batch], device=model.device)
+            attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch],
+                                     device=model.device)
             out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
                                  do_sample=False, pad_token_id=pad, eos_token_id=list(stop_ids) or None)
             for (pid, ids), row in zip(batch, out[:, width:].tolist()):

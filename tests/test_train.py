@@ -56,7 +56,12 @@ def test_training_runs_end_to_end_and_the_head_decodes_losslessly(data, tmp_path
     head = DraftHead.load(tmp_path / "run" / "best")
     assert head.config.draft_vocab_size == 48 and head.config.extra["command"] == "test"
     assert 2 in head.d2t.tolist()  # stop ids are always in the draft vocabulary
-    assert head.config.extra["heldout"]["chain_tau"] >= 1.0
+    held = head.config.extra["heldout"]
+    assert held["chain_tau"] >= 1.0
+    # the chain-length histogram accounts for every anchor and gives back the chain tau
+    lengths = held["chain_lengths"]
+    assert len(lengths) == cfg.n_mask + 2 and sum(lengths) == held["anchors"]
+    assert held["chain_tau"] == pytest.approx(1 + sum(k * c for k, c in enumerate(lengths)) / sum(lengths), abs=1e-4)
     # resuming continues from the checkpoint with fresh sequences
     again = Trainer(target, seqs[:6], seqs[:3], TrainConfig(**{**cfg.__dict__, "max_steps": 8}), tmp_path / "run",
                     stop_ids={2})
