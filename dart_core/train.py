@@ -374,7 +374,8 @@ class Trainer:
             if self.step % c.eval_every == 0:
                 metrics = self._eval_and_keep(command)
         bar.close()
-        metrics = self._eval_and_keep(command)
+        if not self.history or self.history[-1]["step"] != self.step:  # not just evaluated in the loop
+            metrics = self._eval_and_keep(command)
         return {"best_chain_tau": self.best, "last": metrics, "steps": self.step}
 
     def _eval_and_keep(self, command: str) -> dict:

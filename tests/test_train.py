@@ -52,6 +52,7 @@ def test_training_runs_end_to_end_and_the_head_decodes_losslessly(data, tmp_path
     trainer = Trainer(target, seqs[:6], seqs[:3], cfg, tmp_path / "run", stop_ids={2})
     result = trainer.fit(lambda i: seqs[3 + i % 11], command="test")
     assert result["steps"] == 6 and trainer.sequences_seen == 12
+    assert [m["step"] for m in trainer.history] == [3, 6]  # evaluated every 3 steps, the last step once
     assert (tmp_path / "run" / "ckpt.pt").is_file()
     head = DraftHead.load(tmp_path / "run" / "best")
     assert head.config.draft_vocab_size == 48 and head.config.extra["command"] == "test"
