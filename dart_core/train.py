@@ -225,7 +225,7 @@ class Trainer:
         self.sequences_seen = 0
         self.best = -1.0
         self.history: list[dict] = []
-        self.sessions: list[dict] = []   # one entry per fit() call: its command, commit and first step
+        self.sessions: list[dict] = []   # one entry per fit() call: command, commit, first step, minutes trained
         self.rng = random.Random(cfg.seed + 1)
 
     def _optimizer(self) -> torch.optim.Optimizer:
@@ -283,7 +283,9 @@ class Trainer:
 
     def save(self, directory, metrics: dict, command: str = "") -> None:
         head = self.head
-        head.config.extra = {"command": command, "commit": _git_commit(), "sessions": self.sessions, "steps": self.step,
+        head.config.extra = {"command": command, "commit": _git_commit(), "sessions": self.sessions,
+                             "train_minutes": round(sum(s.get("minutes", 0.0) for s in self.sessions), 1),
+                             "steps": self.step,
                              "tokens_seen": self.tokens_seen, "sequences_seen": self.sequences_seen,
                              "heldout_sequences": len(self.heldout), "vocab_coverage": round(self.coverage, 4),
                              "heldout": metrics, "train_config": self.cfg.__dict__}
@@ -343,7 +345,8 @@ class Trainer:
         running = {"loss": 0.0, "hit0": 0.0, "chain": 0.0}
         bar = tqdm(total=c.max_steps, initial=self.step, desc="training head", unit="step")
         metrics = self.history[-1] if self.history else {}
-        self.sessions.append({"command": command, "commit": _git_commit(), "from_step": self.step})
+        self.sessions.append({"command": command, "commit": _git_commit(), "from_step": self.step, "minutes": 0.0})
+        self._fit_started = time.time()
         while self.step < c.max_steps and time.time() < deadline:
             for group in self.opt.param_groups:
                 group["lr"] = self.lr_at(self.step)
@@ -379,6 +382,8 @@ class Trainer:
         return {"best_chain_tau": self.best, "last": metrics, "steps": self.step}
 
     def _eval_and_keep(self, command: str) -> dict:
+        if self.sessions:  # wall-clock time of this fit() so far: a run's total training time stays on record
+            self.sessions[-1]["minutes"] = round((time.time() - self._fit_started) / 60, 3)
         metrics = {"step": self.step, **self.evaluate()}
         self.history.append(metrics)
         tqdm.write(f"[eval] step {self.step}: {json.dumps(metrics)}")

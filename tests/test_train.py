@@ -1,6 +1,7 @@
 """Training the draft head end to end on a tiny model (seconds), and what the trained files promise."""
 
 import random
+import time
 
 import pytest
 import torch
@@ -67,10 +68,13 @@ def test_training_runs_end_to_end_and_the_head_decodes_losslessly(data, tmp_path
     again = Trainer(target, seqs[:6], seqs[:3], TrainConfig(**{**cfg.__dict__, "max_steps": 8}), tmp_path / "run",
                     stop_ids={2})
     assert again.resume() and again.step == 6 and again.sequences_seen == 12
+    started = time.time()
     again.fit(lambda i: seqs[3 + i % 11], command="test again")
+    elapsed_minutes = (time.time() - started) / 60
     assert again.step == 8
     sessions = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)["sessions"]
     assert [(s["command"], s["from_step"]) for s in sessions] == [("test", 0), ("test again", 6)]
+    assert 0 < sessions[1]["minutes"] <= elapsed_minutes + 1e-3  # each session's training time is on record
     prompt = [5, 17, 33, 8]
     expected = plain_greedy_reference(target, prompt, 16)
     assert run(target, DartProposer(HeadDrafter(head, target)), prompt,
