@@ -257,6 +257,16 @@ class Trainer:
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
 
+    def _forward(self, seq: dict, rng: random.Random):
+        """(batch on the training device, the head's logits for its anchors), or (None, None) for a sequence with
+        no anchor."""
+        batch = sequence_batch(seq, self.cfg.n_mask + 1, self.cfg.anchors, rng, self.t2d)
+        if batch is None:
+            return None, None
+        batch = to_device(batch, self.device)
+        with self._autocast():
+            return batch, head_logits(self.head, self.target, seq, batch["anchors"], None)
+
     @torch.no_grad()
     def evaluate(self) -> dict:
         self.head.eval()
@@ -264,12 +274,9 @@ class Trainer:
         tot = {"hit1": torch.zeros(R), "rows": 0, "chain1": 0.0, "chain3": 0.0, "chain_hist": torch.zeros(R + 1)}
         rng = random.Random(1234)
         for seq in self.heldout:
-            batch = sequence_batch(seq, R, self.cfg.anchors, rng, self.t2d)
+            batch, logits = self._forward(seq, rng)
             if batch is None:
                 continue
-            batch = to_device(batch, self.device)
-            with self._autocast():
-                logits = head_logits(self.head, self.target, seq, batch["anchors"], None)
             st = row_stats(logits, batch)
             for k in tot:
                 tot[k] = tot[k] + st[k]
@@ -340,7 +347,6 @@ class Trainer:
         """Train until max_steps or the time limit. next_sequence(i) returns the i-th training sequence
         (sequences are counted across resumes, so a resumed run continues with fresh data)."""
         c = self.cfg
-        R = c.n_mask + 1
         deadline = time.time() + c.minutes * 60 if c.minutes else math.inf
         running = {"loss": 0.0, "hit0": 0.0, "chain": 0.0}
         bar = tqdm(total=c.max_steps, initial=self.step, desc="training head", unit="step")
@@ -354,12 +360,9 @@ class Trainer:
             for _ in range(c.accumulate):
                 seq = next_sequence(self.sequences_seen)
                 self.sequences_seen += 1
-                batch = sequence_batch(seq, R, c.anchors, self.rng, self.t2d)
+                batch, logits = self._forward(seq, self.rng)
                 if batch is None:
                     continue
-                batch = to_device(batch, self.device)
-                with self._autocast():
-                    logits = head_logits(self.head, self.target, seq, batch["anchors"], None)
                 loss = soft_ce(logits, batch, self.row_weights) / c.accumulate
                 loss.backward()
                 self.tokens_seen += int(batch["anchors"].numel())
