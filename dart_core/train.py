@@ -386,7 +386,7 @@ class Trainer:
 
     def _eval_and_keep(self, command: str) -> dict:
         if self.sessions:  # wall-clock time of this fit() so far: a run's total training time stays on record
-            self.sessions[-1]["minutes"] = round((time.time() - self._fit_started) / 60, 3)
+            self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60
         metrics = {"step": self.step, **self.evaluate()}
         self.history.append(metrics)
         tqdm.write(f"[eval] step {self.step}: {json.dumps(metrics)}")
