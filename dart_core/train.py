@@ -226,6 +226,7 @@ class Trainer:
         self.best = -1.0
         self.history: list[dict] = []
         self.sessions: list[dict] = []   # one entry per fit() call: command, commit, first step, minutes trained
+        self._fit_started = time.time()   # reset by each fit()
         self.rng = random.Random(cfg.seed + 1)
 
     def _optimizer(self) -> torch.optim.Optimizer:
@@ -385,8 +386,8 @@ class Trainer:
         return {"best_chain_tau": self.best, "last": metrics, "steps": self.step}
 
     def _eval_and_keep(self, command: str) -> dict:
-        if self.sessions:  # wall-clock time of this fit() so far: a run's total training time stays on record
-            self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60
+        # wall-clock time of this fit() so far (only fit() calls this): a run's total training time stays on record
+        self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60
         metrics = {"step": self.step, **self.evaluate()}
         self.history.append(metrics)
         tqdm.write(f"[eval] step {self.step}: {json.dumps(metrics)}")
