@@ -194,9 +194,12 @@ def soft_ce(logits: torch.Tensor, batch: dict, row_weights: torch.Tensor) -> tor
 # ---------------------------------------------------------------------------------------------- loop
 class Trainer:
     def __init__(self, target: TargetModel, stats_seqs: list[dict], heldout: list[dict], cfg: TrainConfig,
-                 out_dir, stop_ids=(), corpus_counts: torch.Tensor | None = None):
+                 out_dir, stop_ids=(), corpus_counts: torch.Tensor | None = None, start_head: DraftHead | None = None):
         """stats_seqs: sequences used to choose the draft vocabulary and the feature statistics;
-        heldout: sequences never trained on, for the metrics."""
+        heldout: sequences never trained on, for the metrics;
+        start_head: a trained head to continue from (its K, vocabulary and feature statistics), else a new one."""
+        if start_head is not None:  # K and the draft vocabulary are the starting head's
+            cfg = replace(cfg, n_mask=start_head.config.n_mask, draft_vocab=start_head.config.draft_vocab_size or 0)
         self.target, self.cfg, self.out = target, cfg, Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.heldout = heldout
@@ -206,15 +209,21 @@ class Trainer:
             return choose_draft_vocab(stats_seqs, cfg.draft_vocab, [*stop_ids, *must_include], corpus_counts)
 
         self._choose_vocab = choose
-        d2t = choose() if cfg.draft_vocab and cfg.draft_vocab < vocab else None
-        dcfg = DraftConfig.for_target(target.config, n_mask=cfg.n_mask, tie_output=False,
-                                      draft_vocab_size=None if d2t is None else len(d2t), standardize_features=True)
         torch.manual_seed(cfg.seed)
-        self.head = DraftHead(dcfg)
-        if d2t is not None:
-            self.head.d2t.copy_(d2t)
-        init_from_target(self.head, target)
-        set_feature_stats(self.head, stats_seqs)
+        # provenance of the starting head: its own training time counts toward this head's
+        self.started_from = dict(start_head.config.extra) if start_head is not None else None
+        if start_head is not None:
+            self.head = start_head
+        else:
+            d2t = choose() if cfg.draft_vocab and cfg.draft_vocab < vocab else None
+            dcfg = DraftConfig.for_target(target.config, n_mask=cfg.n_mask, tie_output=False,
+                                          draft_vocab_size=None if d2t is None else len(d2t),
+                                          standardize_features=True)
+            self.head = DraftHead(dcfg)
+            if d2t is not None:
+                self.head.d2t.copy_(d2t)
+            init_from_target(self.head, target)
+            set_feature_stats(self.head, stats_seqs)
         self.device = target.device
         self.head.to(self.device).train()
         self.t2d = self._target_to_draft()
@@ -291,8 +300,13 @@ class Trainer:
 
     def save(self, directory, metrics: dict, command: str = "") -> None:
         head = self.head
+        minutes = sum(s.get("minutes", 0.0) for s in self.sessions)
+        lineage = {}
+        if self.started_from is not None:
+            before = self.started_from.get("train_minutes_total", self.started_from.get("train_minutes", 0.0))
+            lineage = {"started_from": self.started_from, "train_minutes_total": round(minutes + before, 1)}
         head.config.extra = {"command": command, "commit": _git_commit(), "sessions": self.sessions,
-                             "train_minutes": round(sum(s.get("minutes", 0.0) for s in self.sessions), 1),
+                             "train_minutes": round(minutes, 1), **lineage,
                              "steps": self.step,
                              "tokens_seen": self.tokens_seen, "sequences_seen": self.sequences_seen,
                              "heldout_sequences": len(self.heldout), "vocab_coverage": round(self.coverage, 4),
@@ -354,6 +368,8 @@ class Trainer:
         metrics = self.history[-1] if self.history else {}
         self.sessions.append({"command": command, "commit": _git_commit(), "from_step": self.step, "minutes": 0.0})
         self._fit_started = time.time()
+        if self.started_from is not None and not self.history:  # the starting head's score: the bar to beat
+            metrics = self._eval_and_keep(command)
         while self.step < c.max_steps and time.time() < deadline:
             for group in self.opt.param_groups:
                 group["lr"] = self.lr_at(self.step)

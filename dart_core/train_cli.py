@@ -33,6 +33,8 @@ def register(sub) -> None:
     t.set_defaults(dtype="bf16")
     t.add_argument("--responses", action="append", default=[], help="jsonl from train-data generate (repeatable)")
     t.add_argument("--sharegpt", type=int, default=20000, help="ShareGPT conversations as written (0 = none)")
+    t.add_argument("--code", type=int, default=0,
+                   help="HumanEval-style code sequences from the Python standard library (0 = none)")
     t.add_argument("--max-tokens", type=int, default=512, help="tokens per training sequence at most")
     t.add_argument("--heldout", type=int, default=48, help="sequences kept out of training for the metrics")
     t.add_argument("--out", required=True, help="run folder: checkpoints, and best/ (the head to ship)")
@@ -49,6 +51,9 @@ def register(sub) -> None:
     t.add_argument("--vocab-ngram", default="default",
                    help="n-gram table whose unigram counts help choose the draft vocabulary ('none' = labels only)")
     t.add_argument("--resume", action="store_true")
+    t.add_argument("--init-from", default=None, metavar="HEAD_DIR",
+                   help="start from a trained head (its K and draft vocabulary) with a fresh schedule; its "
+                        "provenance and training time are kept in the new head's metrics")
     t.set_defaults(handler=cmd_train)
 
 
@@ -72,8 +77,9 @@ def cmd_train_data(args) -> int:
     return 0
 
 
-def training_records(tokenizer, responses: list[str], sharegpt: int, max_tokens: int, seed: int) -> list[dict]:
-    from .train_data import read_jsonl, sharegpt_sequences
+def training_records(tokenizer, responses: list[str], sharegpt: int, max_tokens: int, seed: int,
+                     code: int = 0) -> list[dict]:
+    from .train_data import read_jsonl, sharegpt_sequences, stdlib_code_sequences
 
     records = []
     for path in responses:
@@ -85,6 +91,8 @@ def training_records(tokenizer, responses: list[str], sharegpt: int, max_tokens:
     used = {r["id"] for r in records}
     if sharegpt:
         records.extend(sharegpt_sequences(tokenizer, used, sharegpt, max_tokens, seed))
+    if code:
+        records.extend(stdlib_code_sequences(tokenizer, code, max_tokens))
     random.Random(seed).shuffle(records)
     return records
 
@@ -103,6 +111,20 @@ def unigram_counts(spec: str, vocab_size: int):
     return counts
 
 
+def _starting_head(path, target):
+    """The head named by --init-from, checked against the target, or None."""
+    if path is None:
+        return None
+    from .draft_head import DraftHead, DraftHeadError
+
+    try:
+        head = DraftHead.load(path)
+        head.check_target(target)
+    except DraftHeadError as exc:
+        raise CliError(f"--init-from {path}: {exc}") from None
+    return head
+
+
 def cmd_train(args) -> int:
     from .train import Trainer, TrainConfig
     from .train_data import sequence_example
@@ -117,7 +139,8 @@ def cmd_train(args) -> int:
                       minutes=args.minutes, eval_every=args.eval_every, seed=args.seed,
                       warmup=min(100, max(1, args.steps // 20)))
     target, stops = _load(args.model, args.dtype, args.device)
-    records = training_records(target.tokenizer, args.responses, args.sharegpt, args.max_tokens, args.seed)
+    start = _starting_head(args.init_from, target)
+    records = training_records(target.tokenizer, args.responses, args.sharegpt, args.max_tokens, args.seed, args.code)
     if len(records) <= args.heldout + 1:
         raise CliError(f"only {len(records)} training sequences: need more than --heldout {args.heldout}")
     heldout_recs, train_recs = records[: args.heldout], records[args.heldout:]
@@ -127,9 +150,9 @@ def cmd_train(args) -> int:
         return sequence_example(target, rec["prompt_ids"], rec["response_ids"])
 
     heldout = [example(r) for r in heldout_recs]
-    stats = [example(r) for r in train_recs[:96]]
+    stats = [] if start is not None else [example(r) for r in train_recs[:96]]  # a new head's vocabulary, scales
     trainer = Trainer(target, stats, heldout, cfg, out, stop_ids=stops,
-                      corpus_counts=unigram_counts(args.vocab_ngram, target.vocab_size))
+                      corpus_counts=unigram_counts(args.vocab_ngram, target.vocab_size), start_head=start)
     if args.resume and trainer.resume():
         print(f"[train] resumed at step {trainer.step} ({trainer.sequences_seen} sequences seen)", flush=True)
     print(f"[train] draft vocabulary covers {trainer.coverage:.1%} of held-out target tokens", flush=True)

@@ -3,6 +3,11 @@
 Step 1 (`generate_responses`): ShareGPT first user turns in the model's chat template, answered greedily by the
 target in batches. Output: a jsonl file, appended batch by batch so an interrupted run resumes where it stopped.
 
+Code (`stdlib_code_sequences`): functions with docstrings from the Python standard library, posed as HumanEval
+poses its problems (signature and docstring, "Complete the following Python function."), answered with the
+function's own code. ShareGPT is chat; without these the head sees little code, where prompt lookup is strongest.
+Nothing is downloaded or shipped: the interpreter's own library is read at training time.
+
 Step 2 (`sequence_example`, called by the trainer as it goes): one target forward per sequence (self-generated
 responses, or ShareGPT conversations as written) with the three feature taps. Labels come from the same forward:
 the target's own top-k next-token distribution at every position, so the head learns what the target would say,
@@ -11,8 +16,11 @@ not what ShareGPT said.
 
 from __future__ import annotations
 
+import ast
 import json
 import random
+import sysconfig
+import textwrap
 from pathlib import Path
 
 import torch
@@ -55,6 +63,49 @@ def sharegpt_sequences(tokenizer, skip_ids: set[str], limit: int, max_tokens: in
         full = chat_ids(tokenizer, conv[:2], add_generation_prompt=False)
         if len(prompt) < max_tokens - 32 and full[: len(prompt)] == prompt:
             out.append({"id": f"sharegpt-text/{n}", "prompt_ids": prompt, "response_ids": full[len(prompt):max_tokens]})
+    random.Random(seed).shuffle(out)
+    return out[:limit]
+
+
+CODE_PROMPT = "Complete the following Python function.\n\n```python\n{header}```"   # as bench poses HumanEval
+SKIPPED_STDLIB_DIRS = {"test", "tests", "site-packages", "dist-packages", "idlelib", "lib2to3", "turtledemo"}
+
+
+def documented_functions(root: Path):
+    """(header, code) per function with a docstring and a body under `root`: header = the def line(s) and the
+    docstring; code = the def line(s) and the body without the docstring, both dedented."""
+    for path in sorted(root.rglob("*.py")):
+        if SKIPPED_STDLIB_DIRS & set(path.relative_to(root).parts[:-1]):
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            continue  # a file this interpreter cannot read or parse is simply not used
+        lines = source.splitlines()
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(node.body) < 2:
+                continue
+            if ast.get_docstring(node) is None:
+                continue
+            doc, first = node.body[0], node.body[1]
+            signature = lines[node.lineno - 1: doc.lineno - 1]
+            header = textwrap.dedent("\n".join(signature + lines[doc.lineno - 1: doc.end_lineno]))
+            code = textwrap.dedent("\n".join(signature + lines[first.lineno - 1: node.end_lineno]))
+            yield f"{path.relative_to(root)}:{node.lineno}", header, code
+
+
+def stdlib_code_sequences(tokenizer, limit: int, max_tokens: int, seed: int = 2, root: Path | None = None):
+    """Up to `limit` HumanEval-style code sequences (chat template) from the standard library, shuffled."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    out = []
+    for where, header, code in documented_functions(root):
+        user = {"role": "user", "content": CODE_PROMPT.format(header=header + "\n")}
+        reply = {"role": "assistant", "content": f"```python\n{code}\n```"}
+        prompt = chat_ids(tokenizer, [user], add_generation_prompt=True)
+        full = chat_ids(tokenizer, [user, reply], add_generation_prompt=False)
+        if len(prompt) < max_tokens - 32 and full[: len(prompt)] == prompt:
+            out.append({"id": f"stdlib/{where}", "prompt_ids": prompt, "response_ids": full[len(prompt):max_tokens]})
     random.Random(seed).shuffle(out)
     return out[:limit]
 

@@ -151,3 +151,76 @@ def test_resume_with_a_larger_draft_vocab_keeps_what_was_learned(data, tmp_path)
     bigger.fit(lambda i: seqs[2 + i % 10])  # and training goes on
     assert bigger.step == 4
     assert len(torch.load(tmp_path / "r" / "ckpt.pt", weights_only=False)["head"]["d2t"]) == 32
+
+
+def test_a_run_started_from_a_trained_head_keeps_it_and_its_training_time(data, tmp_path):
+    target, seqs = data
+    cfg = TrainConfig(n_mask=2, draft_vocab=40, anchors=6, accumulate=1, max_steps=3, eval_every=3, warmup=1)
+    Trainer(target, seqs[:6], seqs[:3], cfg, tmp_path / "first", stop_ids={2}).fit(lambda i: seqs[3 + i % 11], "a")
+    start = DraftHead.load(tmp_path / "first" / "best")
+    start.config.extra["train_minutes"] = 100.0  # as if the first run had trained for 100 minutes
+    start_weights = {k: v.clone() for k, v in start.state_dict().items()}
+    # a different vocabulary request and K are ignored: the starting head's own are kept
+    second = Trainer(target, seqs[:6], seqs[:3], TrainConfig(**{**cfg.__dict__, "draft_vocab": 20, "n_mask": 4}),
+                     tmp_path / "second", stop_ids={2}, start_head=start)
+    assert torch.equal(second.head.d2t, start_weights["d2t"])
+    assert torch.equal(second.t2d[second.head.d2t], torch.arange(40))
+    second.fit(lambda i: seqs[3 + i % 11], "b")
+    # evaluated before its first step (the bar to beat), then on schedule
+    assert [m["step"] for m in second.history] == [0, 3]
+    assert not torch.equal(second.head.fc.weight, start_weights["fc.weight"])  # it trained
+    saved = DraftHead.load(tmp_path / "second" / "best").config.extra
+    assert saved["started_from"]["command"] == "a"
+    assert saved["train_minutes_total"] == pytest.approx(100.0 + saved["train_minutes"], abs=0.1)
+
+
+def test_stdlib_functions_become_humaneval_style_sequences(tmp_path):
+    from dart_core.datasets import humaneval_prompts
+    from dart_core.train_data import CODE_PROMPT, documented_functions, stdlib_code_sequences
+
+    lib = tmp_path / "lib"
+    (lib / "pkg").mkdir(parents=True)
+    (lib / "test").mkdir()
+    (lib / "pkg" / "mod.py").write_text(
+        'class Box:\n    def area(self, scale=1):\n        """Area of the box."""\n'
+        '        w = self.w * scale\n        return w * self.h\n\n'
+        'def undocumented(x):\n    y = x\n    return y\n\n'
+        'def only_a_docstring():\n    """Nothing else."""\n')
+    (lib / "test" / "test_mod.py").write_text('def test_it():\n    """Tests are not training data."""\n    x = 1\n'
+                                              '    assert x\n')
+    (lib / "broken.py").write_text("def oops(:\n")
+    found = list(documented_functions(lib))
+    assert found == [("pkg/mod.py:2", 'def area(self, scale=1):\n    """Area of the box."""',
+                      "def area(self, scale=1):\n    w = self.w * scale\n    return w * self.h")]
+    # the prompt is posed exactly as the benchmark poses HumanEval
+    he = humaneval_prompts()[0]
+    assert he.text == CODE_PROMPT.format(header=he.text.split("```python\n", 1)[1][:-3])
+
+    class CharTokenizer:  # one id per character; the chat template as SmolLM2's
+        def apply_chat_template(self, turns, add_generation_prompt, tokenize, return_dict):
+            text = "".join(f"<{t['role']}>{t['content']}<end>" for t in turns)
+            return [ord(c) for c in text + ("<assistant>" if add_generation_prompt else "")]
+
+    (seq,) = stdlib_code_sequences(CharTokenizer(), limit=10, max_tokens=400, root=lib)
+    prompt, response = "".join(map(chr, seq["prompt_ids"])), "".join(map(chr, seq["response_ids"]))
+    assert seq["id"] == "stdlib/pkg/mod.py:2"
+    assert prompt.startswith("<user>Complete the following Python function.") and '"""Area' in prompt
+    assert response.startswith("```python\ndef area(self, scale=1):\n    w = self.w") and "Area" not in response
+    assert stdlib_code_sequences(CharTokenizer(), limit=10, max_tokens=60, root=lib) == []  # too long to fit
+
+
+def test_init_from_a_folder_that_is_no_head_or_fits_another_model_is_a_clear_error(data, tmp_path):
+    from dart_core.cli import CliError
+    from dart_core.draft_head import DraftConfig
+    from dart_core.train_cli import _starting_head
+
+    target, _ = data
+    with pytest.raises(CliError, match=r"--init-from .*: no config.json in .*not a draft head folder"):
+        _starting_head(tmp_path, target)
+    DraftHead.random(DraftConfig.for_target(target.config, n_mask=2, target_name="SomeOtherModel")).save(tmp_path)
+    target.config._name_or_path = "/models/ThisModel"
+    try:
+        with pytest.raises(CliError, match="--init-from .*trained for 'SomeOtherModel'"):
+            _starting_head(tmp_path, target)
+    finally:
+        target.config._name_or_path = ""
