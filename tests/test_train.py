@@ -175,8 +175,7 @@ def test_a_run_started_from_a_trained_head_keeps_it_and_its_training_time(data, 
 
 
 def test_stdlib_functions_become_humaneval_style_sequences(tmp_path):
-    from dart_core.datasets import humaneval_prompts
-    from dart_core.train_data import CODE_PROMPT, documented_functions, stdlib_code_sequences
+    from dart_core.train_data import documented_functions, stdlib_code_sequences
 
     lib = tmp_path / "lib"
     (lib / "pkg").mkdir(parents=True)
@@ -192,9 +191,6 @@ def test_stdlib_functions_become_humaneval_style_sequences(tmp_path):
     found = list(documented_functions(lib))
     assert found == [("pkg/mod.py:2", 'def area(self, scale=1):\n    """Area of the box."""',
                       "def area(self, scale=1):\n    w = self.w * scale\n    return w * self.h")]
-    # the prompt is posed exactly as the benchmark poses HumanEval
-    he = humaneval_prompts()[0]
-    assert he.text == CODE_PROMPT.format(header=he.text.split("```python\n", 1)[1][:-3])
 
     class CharTokenizer:  # one id per character; the chat template as SmolLM2's
         def apply_chat_template(self, turns, add_generation_prompt, tokenize, return_dict):
