@@ -303,8 +303,9 @@ class Trainer:
         minutes = sum(s.get("minutes", 0.0) for s in self.sessions)
         lineage = {}
         if self.started_from is not None:
-            before = self.started_from.get("train_minutes_total", self.started_from.get("train_minutes", 0.0))
-            lineage = {"started_from": self.started_from, "train_minutes_total": round(minutes + before, 1)}
+            before = self.started_from.get("train_minutes_total", self.started_from.get("train_minutes"))
+            lineage = {"started_from": self.started_from,  # None: the starting head never recorded its time
+                       "train_minutes_total": None if before is None else round(minutes + before, 1)}
         head.config.extra = {"command": command, "commit": _git_commit(), "sessions": self.sessions,
                              "train_minutes": round(minutes, 1), **lineage,
                              "steps": self.step,

@@ -172,6 +172,12 @@ def test_a_run_started_from_a_trained_head_keeps_it_and_its_training_time(data, 
     saved = DraftHead.load(tmp_path / "second" / "best").config.extra
     assert saved["started_from"]["command"] == "a"
     assert saved["train_minutes_total"] == pytest.approx(100.0 + saved["train_minutes"], abs=0.1)
+    # a starting head that never recorded its training time gives no total rather than a wrong one
+    untimed = DraftHead.load(tmp_path / "first" / "best")
+    del untimed.config.extra["train_minutes"]
+    third = Trainer(target, seqs[:6], seqs[:3], cfg, tmp_path / "third", stop_ids={2}, start_head=untimed)
+    third.fit(lambda i: seqs[3 + i % 11], "c")
+    assert DraftHead.load(tmp_path / "third" / "best").config.extra["train_minutes_total"] is None
 
 
 def test_stdlib_functions_become_humaneval_style_sequences(tmp_path):
