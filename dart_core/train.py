@@ -210,11 +210,11 @@ class Trainer:
 
         self._choose_vocab = choose
         torch.manual_seed(cfg.seed)
-        # provenance of the starting head: its own training time counts toward this head's
-        self.started_from = dict(start_head.config.extra) if start_head is not None else None
         if start_head is not None:
-            self.head = start_head
+            # its provenance is kept: its own training time counts toward this head's
+            self.head, self.started_from = start_head, dict(start_head.config.extra)
         else:
+            self.started_from = None
             d2t = choose() if cfg.draft_vocab and cfg.draft_vocab < vocab else None
             dcfg = DraftConfig.for_target(target.config, n_mask=cfg.n_mask, tie_output=False,
                                           draft_vocab_size=None if d2t is None else len(d2t),
