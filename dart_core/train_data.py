@@ -54,16 +54,25 @@ def sharegpt_prompts(tokenizer, limit: int, max_prompt_tokens: int, seed: int = 
     return items[:limit]
 
 
+def chat_record(tokenizer, record_id: str, user: dict, reply: dict, max_tokens: int) -> dict | None:
+    """One training record (prompt ids, reply ids cut to max_tokens in all) for a user turn and its reply in the chat
+    template, or None when the prompt leaves under 32 tokens for the reply or the template does not split cleanly."""
+    prompt = chat_ids(tokenizer, [user], add_generation_prompt=True)
+    full = chat_ids(tokenizer, [user, reply], add_generation_prompt=False)
+    if len(prompt) < max_tokens - 32 and full[: len(prompt)] == prompt:
+        return {"id": record_id, "prompt_ids": prompt, "response_ids": full[len(prompt):max_tokens]}
+    return None
+
+
 def sharegpt_sequences(tokenizer, skip_ids: set[str], limit: int, max_tokens: int, seed: int = 1):
     """ShareGPT conversations as written (chat template, first two turns), cut to max_tokens."""
     out = []
     for n, conv in enumerate(iter_sharegpt()):
         if f"sharegpt/{n}" in skip_ids or conv[0]["role"] != "user" or len(conv) < 2:
             continue
-        prompt = chat_ids(tokenizer, conv[:1], add_generation_prompt=True)
-        full = chat_ids(tokenizer, conv[:2], add_generation_prompt=False)
-        if len(prompt) < max_tokens - 32 and full[: len(prompt)] == prompt:
-            out.append({"id": f"sharegpt-text/{n}", "prompt_ids": prompt, "response_ids": full[len(prompt):max_tokens]})
+        record = chat_record(tokenizer, f"sharegpt-text/{n}", conv[0], conv[1], max_tokens)
+        if record is not None:
+            out.append(record)
     random.Random(seed).shuffle(out)
     return out[:limit]
 
@@ -102,10 +111,9 @@ def stdlib_code_sequences(tokenizer, limit: int, max_tokens: int, seed: int = 2,
     for where, header, code in documented_functions(root):
         user = {"role": "user", "content": CODE_COMPLETION_PROMPT.format(code=header + "\n")}
         reply = {"role": "assistant", "content": f"```python\n{code}\n```"}
-        prompt = chat_ids(tokenizer, [user], add_generation_prompt=True)
-        full = chat_ids(tokenizer, [user, reply], add_generation_prompt=False)
-        if len(prompt) < max_tokens - 32 and full[: len(prompt)] == prompt:
-            out.append({"id": f"stdlib/{where}", "prompt_ids": prompt, "response_ids": full[len(prompt):max_tokens]})
+        record = chat_record(tokenizer, f"stdlib/{where}", user, reply, max_tokens)
+        if record is not None:
+            out.append(record)
     random.Random(seed).shuffle(out)
     return out[:limit]
 
