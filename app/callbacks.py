@@ -8,7 +8,6 @@ engine given to `Callbacks`; everything per user is in the `Session` passed in.
 from __future__ import annotations
 
 import html
-import json
 import logging
 import shutil
 import tempfile
@@ -17,18 +16,19 @@ from pathlib import Path
 
 import gradio as gr
 
-from dart_core.acceptance import SamplingConfig
+from dart_core.errors import DartError
+from dart_core.methods import DART, PLD, VANILLA
 from dart_core.trace import Trace, TraceError
 
 from . import figures
 from .engine import Engine, EngineError
-from .lanes import DONE, ERROR, LANE_ORDER, LANE_TITLES, STOPPED, Lane, lane_stats, lane_status_text, \
+from .lanes import DONE, ERROR, LANE_ORDER, LANE_TITLES, STOPPED, Lane, lane_of, lane_stats, lane_status_text, \
     replay_lane, round_robin
 from .options import OptionError, check_knob, check_prompt, sampling_from, search_from
 from .pruning import fate_counts, pruning_table
 from .session import Session
 from .text_render import lane_html, lane_text_html, token_text
-from .whatif import HOW_TEXT, WhatIfError, is_greedy, what_if
+from .whatif import HOW_TEXT, is_greedy, what_if
 
 log = logging.getLogger(__name__)
 
@@ -65,21 +65,21 @@ class Callbacks:
         if lane is None:
             return lane_html(key, title, "idle", [], '<pre class="lane-text lane-empty">Run a prompt to fill this '
                                                       'lane.</pre>')
-        body = lane_text_html(lane.trace, key, frozenset(lane.trace.settings.get("stop_ids", ())))
-        return lane_html(key, title, lane_status_text(lane), lane_stats(lane, session.lanes.get("vanilla")), body)
+        body = lane_text_html(lane.trace, key, frozenset(lane.trace.settings.stop_ids))
+        return lane_html(key, title, lane_status_text(lane), lane_stats(lane, session.lanes.get(VANILLA)), body)
 
     def lane_cards(self, session: Session) -> dict:
         out = {LANE_OUTPUTS[k]: self.lane_card(session, k) for k in LANE_ORDER}
-        out[LANE_OUTPUTS["pld"]] = gr.update(value=out[LANE_OUTPUTS["pld"]], visible="pld" in session.lanes)
+        out[LANE_OUTPUTS[PLD]] = gr.update(value=out[LANE_OUTPUTS[PLD]], visible=PLD in session.lanes)
         return out
 
     def summary(self, session: Session) -> str:
-        plain, dart = session.lanes.get("vanilla"), session.lanes.get("dart")
+        plain, dart = session.lanes.get(VANILLA), session.lanes.get(DART)
         if not plain or not dart or not plain.tokens_per_s or not dart.tokens_per_s:
             return ""
         parts = [f"DART {dart.tokens_per_s:.1f} tok/s vs plain {plain.tokens_per_s:.1f} tok/s: "
                  f"speedup {dart.tokens_per_s / plain.tokens_per_s:.2f}×, τ {dart.metrics.tau:.2f}"]
-        pld = session.lanes.get("pld")
+        pld = session.lanes.get(PLD)
         if pld and pld.tokens_per_s:
             parts.append(f"prompt lookup {pld.tokens_per_s / plain.tokens_per_s:.2f}×")
         if plain.finished and dart.finished and plain.trace.output_ids != dart.trace.output_ids:
@@ -93,7 +93,7 @@ class Callbacks:
         if lane is None or not lane.trace.steps:
             empty = figures.message_figure("Run a prompt or upload a trace to see its steps.")
             return {"step": gr.update(maximum=1, value=0), "step_info": "", "tree": empty,
-                    "table": pruning_table(Trace("dart", []), 0), "heatmap": empty}
+                    "table": pruning_table(Trace(DART, []), 0), "heatmap": empty}
         n = len(lane.trace.steps)
         try:
             i = min(max(int(index), 0), n - 1)
@@ -119,6 +119,10 @@ class Callbacks:
         counts = fate_counts(trace, i)
         if counts:
             bits.append("candidates: " + html.escape(", ".join(f"{k} {v}" for k, v in counts.items())))
+        if counts and trace.settings.top_candidates is not None:
+            bits.append(html.escape(f"this trace was saved with only the best {trace.settings.top_candidates} "
+                                    f"candidates of each step (and the tree's own): the counts, the pruned view and "
+                                    f"the pruning table show those; what-if still reruns the whole search"))
         if step.stop_reason:
             bits.append(f"stopped: {html.escape(step.stop_reason)}")
         return '<div class="step-info">' + " · ".join(bits) + "</div>"
@@ -137,14 +141,14 @@ class Callbacks:
         return {"lane": gr.update(choices=[(LANE_TITLES[k], k) for k in keys], value=value)}
 
     def whatif_knobs(self, session: Session) -> dict:
-        lane = session.lane("dart")
-        search = lane.trace.settings.get("search") if lane else None
-        if not isinstance(search, dict):
+        lane = session.lane(DART)
+        search = lane.trace.settings.search if lane else None
+        if search is None:
             return {}
         out = {}
         for k in WHATIF_KNOBS:
             try:
-                out[f"wi_{k}"] = check_knob(k, search.get(k))
+                out[f"wi_{k}"] = check_knob(k, getattr(search, k))
             except OptionError:
                 continue
         return out
@@ -175,18 +179,15 @@ class Callbacks:
         paths = []
         for lane in lanes:
             trace = lane.trace
-            self.engine.name_tokens(trace, trace.mentioned_tokens())
+            trace.name_tokens(self.engine.tokenizer)
             if lane.own_time > 0:
-                trace.settings["lane_time_s"] = round(lane.own_time, 6)
-            path = folder / f"{lane.key}-trace.json"
+                trace.settings.own_time_s = round(lane.own_time, 6)
+            path = folder / f"{trace.method}-trace.json.gz"
             trace.save(path)
             paths.append(str(path))
         return paths
 
     # ------------------------------------------------------------------ events
-    def init_session(self) -> Session:
-        return Session()
-
     def run(self, session: Session | None, prompt, use_pld, temperature, top_p, top_k, max_new_tokens, seed,
             node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay,
             show_pruned=False, lookup_branch=False) -> Iterator[dict]:
@@ -202,27 +203,28 @@ class Callbacks:
             max_new = check_knob("max_new_tokens", max_new_tokens)
             search = search_from(node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay)
             prompt_ids = self.engine.encode(prompt)
-        except (OptionError, EngineError, ValueError) as exc:
+        except DartError as exc:
             yield {"state": session, **warn(str(exc))}
             return
-        methods = ["vanilla", "dart"] + (["pld"] if use_pld else [])
+        keys = [VANILLA, DART] + ([PLD] if use_pld else [])
         lanes = []
-        for method in methods:
-            trace = self.engine.new_trace(method, prompt_ids, prompt, sampling, search, max_new, bool(lookup_branch))
-            steps = self.engine.steps(method, prompt_ids, sampling, search, max_new, bool(lookup_branch))
-            lanes.append(Lane(method, trace, steps, on_step=self.engine.name_step))
+        for key in keys:
+            method = self.engine.method_of(key, bool(lookup_branch))
+            trace = self.engine.new_trace(method, prompt_ids, prompt, sampling, search, max_new)
+            steps = self.engine.steps(method, prompt_ids, sampling, search, max_new)
+            lanes.append(Lane(key, trace, steps, on_step=self.engine.name_step))
         session.new_run(lanes)
         session.running = True
         stop = session.stop
-        view_key = "dart"
+        view_key = DART
         yield {**self.full_view(session, show_pruned), "message": "", "run_btn": gr.update(interactive=False),
                "downloads": None}
-        counts = dict.fromkeys(methods, 0)
+        counts = dict.fromkeys(keys, 0)
         try:
             for lane, step in round_robin(lanes, stop, self.engine.lock):
                 out = {LANE_OUTPUTS[lane.key]: self.lane_card(session, lane.key)}
-                if lane.key == "vanilla" and "dart" in session.lanes:  # DART's speedup depends on plain's rate
-                    out[LANE_OUTPUTS["dart"]] = self.lane_card(session, "dart")
+                if lane.key == VANILLA and DART in session.lanes:  # DART's speedup depends on plain's rate
+                    out[LANE_OUTPUTS[DART]] = self.lane_card(session, DART)
                 if lane.status == ERROR:
                     out.update(warn(f"{LANE_TITLES[lane.key]} failed: {lane.error}"))
                 counts[lane.key] += 1
@@ -331,15 +333,13 @@ class Callbacks:
                 if Path(path).stat().st_size > MAX_TRACE_BYTES:
                     raise TraceError(f"the file is larger than {MAX_TRACE_BYTES >> 20} MiB")
                 trace = Trace.load(path)
-                if trace.method not in LANE_ORDER:
-                    raise TraceError(f"unknown method {trace.method!r} (expected one of {', '.join(LANE_ORDER)})")
                 if not trace.steps:
                     raise TraceError("the trace has no steps")
                 _check_trace(trace)
-            except (TraceError, OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+            except (DartError, OSError) as exc:
                 errors.append(f"{name}: {exc}")
                 continue
-            traces[trace.method] = trace
+            traces[lane_of(trace.method)] = trace
         if not traces:
             return {"state": session, **warn("Could not load the trace: " + "; ".join(errors))}
         session.new_run([replay_lane(t) for t in traces.values()])
@@ -357,7 +357,7 @@ class Callbacks:
         lane = session.lane(key) if session is not None else None
         if lane is None or not lane.trace.steps:
             return warn("Run a prompt or upload a trace first, then pick a DART step.")
-        if lane.key != "dart":
+        if lane.key != DART:
             return warn("What-if needs a DART step: pick the DART lane.")
         try:
             cfg = search_from(node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay)
@@ -365,14 +365,12 @@ class Callbacks:
             trace = lane.trace
             verifier = None
             if self._same_model(trace):
-                sampling = SamplingConfig.from_dict(trace.settings.get("sampling") or {})
-                verifier = self.engine.verifier(sampling)
-            result = what_if(trace, i, cfg, self.engine.ngram, frozenset(trace.settings.get("stop_ids", ())),
-                             verifier)
-        except (OptionError, WhatIfError, ValueError, TypeError) as exc:
+                verifier = self.engine.verifier(trace.settings.sampling)
+            result = what_if(trace, i, cfg, self.engine.ngram, frozenset(trace.settings.stop_ids), verifier)
+        except DartError as exc:
             return warn(str(exc))
         if result.bonus is not None:
-            self.engine.name_tokens(trace, [result.bonus])
+            trace.name_tokens(self.engine.tokenizer, [result.bonus])
         step = trace.steps[i]
         title = f"What-if on step {i}: {len(result.tree) - 1} draft nodes, {result.accepted} accepted"
         view = figures.tree_view(trace, result.tree, result.path, result.bonus, result.candidates, result.context,
@@ -390,8 +388,8 @@ class Callbacks:
     def _same_model(self, trace: Trace) -> bool:
         if not self.engine.can_generate:
             return False
-        mine, theirs = self.engine.settings, trace.settings
-        return all(theirs.get(k) == mine.get(k) for k in ("model", "dtype")) and \
+        mine, theirs = self.engine.loaded, trace.settings
+        return (theirs.model, theirs.dtype) == (mine.model, mine.dtype) and \
             max(trace.mentioned_tokens(), default=0) < self.engine.target.vocab_size
 
 
@@ -420,4 +418,3 @@ def _check_trace(trace: Trace) -> None:
         if s.rows_tokens is not None and (s.rows_probs is None or s.rows_tokens.shape != s.rows_probs.shape
                                           or s.rows_tokens.ndim != 2):
             raise TraceError(f"step {i}: draft rows are malformed")
-    json.dumps(trace.settings)  # settings must stay JSON (they are saved again on download)

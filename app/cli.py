@@ -1,6 +1,7 @@
 """`python app.py`: parse the flags, load the engine (or none, for replay), build the app and serve it.
 
-Bad flags or a model that cannot be loaded end with one line on stderr and exit status 2, never a traceback.
+Bad flags, or a model, head, table or trace that cannot be loaded (a DartError), end with one line on stderr and exit
+status 2. Anything else is a bug and keeps its traceback (exit status 1).
 """
 
 from __future__ import annotations
@@ -8,6 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+from dart_core.errors import DartError
+from dart_core.trace import Trace
+
+from .engine import Engine
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
@@ -38,10 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load(args):
     """(engine, preloaded traces) for the parsed flags."""
-    from dart_core.trace import Trace
-
-    from .engine import Engine
-
     traces = [Trace.load(path) for path in args.trace]
     engine = Engine.replay_only(args.ngram) if args.replay else Engine.load(
         args.model, args.draft, args.ngram, args.device, args.dtype)
@@ -55,11 +57,11 @@ def main(argv=None) -> int:
         return 2
     try:
         engine, traces = load(args)
-    except (ValueError, OSError, RuntimeError, ImportError) as exc:
+    except DartError as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"error: {message}", file=sys.stderr)
         return 2
-    from .ui import build_app, launch_kwargs
+    from .ui import build_app, launch_kwargs  # deferred: gradio takes seconds to import, not needed for --help
 
     for notice in engine.notices:
         print(f"[dart-lab] {notice}", file=sys.stderr)

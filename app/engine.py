@@ -11,30 +11,29 @@ from dataclasses import dataclass, field
 
 from dart_core.acceptance import SamplingConfig
 from dart_core.decoding import GenerationConfig, generate, verify_once
-from dart_core.draft_head import DraftHead, DraftHeadError
-from dart_core.loading import (DEFAULT_HEAD, build_proposer, check_ngram_fits, encode_prompt, load_draft,
-                               load_ngram, load_target, stop_ids)
+from dart_core.draft_head import DraftHeadError
+from dart_core.errors import DartError
+from dart_core.methods import DART, DART_PLD
 from dart_core.ngram import NGramModel
 from dart_core.proposers import Proposer
-from dart_core.target import TargetModel
-from dart_core.trace import StepRecord, Trace
+from dart_core.setup.chat import encode_prompt
+from dart_core.setup.defaults import DEFAULT_HEAD
+from dart_core.setup.loading import Loaded, check_ngram_fits, load_draft, load_ngram, load_target
+from dart_core.trace import Trace
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
 
 from .options import MAX_PROMPT_TOKENS
 
 
-class EngineError(RuntimeError):
+class EngineError(DartError):
     """The engine cannot do what was asked (e.g. generate in replay mode); the message says why."""
 
 
 @dataclass
 class Engine:
-    target: TargetModel | None = None
-    head: DraftHead | None = None
-    ngram: NGramModel | None = None
-    stop_ids: frozenset[int] = frozenset()
-    settings: dict = field(default_factory=dict)   # model, draft, ngram, device, dtype as loaded
+    loaded: Loaded | None = None                   # None in replay mode
+    replay_ngram: NGramModel | None = None         # replay mode's table, for what-if
     notices: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -42,7 +41,7 @@ class Engine:
     def load(cls, model: str = "default", draft: str = "default", ngram: str = "default", device: str = "cpu",
              dtype: str = "fp32") -> "Engine":
         """Load the target, the draft head and the n-gram table. A missing default head falls back to a random
-        (untrained) head, and a missing default n-gram table to none, each with a notice for the UI."""
+        (untrained) head, with a notice for the UI."""
         target = load_target(model, device, dtype)
         notices = []
         try:
@@ -60,15 +59,21 @@ class Engine:
                                "nothing gets accepted.")
         table = load_ngram(ngram)
         check_ngram_fits(table, target)
-        settings = {"model": model, "draft": draft, "ngram": ngram, "device": device, "dtype": dtype}
-        return cls(target, head, table, stop_ids(target), settings, notices)
+        return cls(Loaded(target, head, table, model, draft, ngram, device, dtype), notices=notices)
 
     @classmethod
     def replay_only(cls, ngram: str | None = "default") -> "Engine":
         """No model: saved traces can be explored (and their search rerun), nothing can be generated."""
         table = load_ngram(ngram) if ngram else None
-        return cls(None, None, table, frozenset(), {"model": None, "ngram": ngram if table else "none"},
-                   ["Replay mode: no model is loaded. Upload a saved trace to explore it."])
+        return cls(None, table, ["Replay mode: no model is loaded. Upload a saved trace to explore it."])
+
+    @property
+    def target(self):
+        return self.loaded.target if self.loaded is not None else None
+
+    @property
+    def ngram(self) -> NGramModel | None:
+        return self.loaded.table if self.loaded is not None else self.replay_ngram
 
     @property
     def can_generate(self) -> bool:
@@ -78,60 +83,42 @@ class Engine:
     def tokenizer(self):
         return self.target.tokenizer if self.target is not None else None
 
+    def describe(self) -> str:
+        """What is loaded, for the page header."""
+        s = self.loaded
+        return f"Model: {s.model} · draft head: {s.draft} · n-gram: {s.ngram} · {s.device} / {s.dtype}"
+
     # ------------------------------------------------------------------ generation
     def encode(self, text: str) -> list[int]:
         if not self.can_generate:
             raise EngineError("no model is loaded (replay mode): upload a trace instead")
-        ids = encode_prompt(self.target, text)
+        ids = encode_prompt(self.tokenizer, text)
         limit = min(MAX_PROMPT_TOKENS, self.target.max_positions - 16)
         if len(ids) > limit:
             raise EngineError(f"The prompt is too long: {len(ids)} tokens, at most {limit}.")
         return ids
 
-    def proposer(self, method: str, search: SearchConfig, lookup_branch: bool = False) -> Proposer:
-        """lookup_branch: DART's tree also gets prompt lookup's copied continuation (the dart_pld proposer)."""
-        if lookup_branch and method == "dart":
-            method = "dart_pld"
-        try:
-            return build_proposer(method, self.target, self.head, self.ngram, search)
-        except ValueError as exc:
-            raise EngineError(str(exc)) from None
+    @staticmethod
+    def method_of(lane: str, lookup_branch: bool) -> str:
+        """The decoding method a lane runs: the DART lane runs dart_pld when the lookup branch is on."""
+        return DART_PLD if lane == DART and lookup_branch else lane
+
+    def proposer(self, method: str, search: SearchConfig) -> Proposer:
+        return self.loaded.proposer(method, search)
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt: str, sampling: SamplingConfig,
-                  search: SearchConfig, max_new_tokens: int, lookup_branch: bool = False) -> Trace:
-        settings = dict(self.settings, sampling=sampling.to_dict(), search=search.to_dict(),
-                        max_new_tokens=max_new_tokens, stop_ids=sorted(self.stop_ids))
-        if lookup_branch and method == "dart":
-            settings["lookup_branch"] = True
-        trace = Trace(method=method, prompt_ids=list(prompt_ids), prompt_text=prompt, settings=settings)
-        self.name_tokens(trace, prompt_ids)
-        return trace
+                  search: SearchConfig, max_new_tokens: int) -> Trace:
+        return self.loaded.new_trace(method, prompt_ids, prompt, sampling, search, max_new_tokens)
 
     def steps(self, method: str, prompt_ids: list[int], sampling: SamplingConfig, search: SearchConfig,
-              max_new_tokens: int, lookup_branch: bool = False):
+              max_new_tokens: int):
         """The step generator of one lane (lazy: nothing runs before the first `next()`)."""
-        config = GenerationConfig(max_new_tokens, sampling, stop_ids=self.stop_ids)
-        return generate(self.target, self.proposer(method, search, lookup_branch), prompt_ids, config)
+        config = GenerationConfig(max_new_tokens, sampling, stop_ids=self.loaded.stop_ids)
+        return generate(self.target, self.proposer(method, search), prompt_ids, config)
 
-    def name_tokens(self, trace: Trace, ids) -> None:
-        """Record the text of the given token ids in the trace (replays need no tokenizer)."""
-        tok = self.tokenizer
-        if tok is None:
-            return
-        missing = sorted({int(t) for t in ids} - trace.token_text.keys())
-        if missing:
-            for tid, text in zip(missing, tok.batch_decode([[t] for t in missing])):
-                trace.token_text[tid] = text
-
-    def name_step(self, trace: Trace, step: StepRecord) -> None:
-        ids = set(step.new_tokens)
-        if step.tree is not None:
-            ids.update(step.tree.tokens)
-        if step.rows_tokens is not None:
-            ids.update(step.rows_tokens.ravel().tolist())
-        if step.candidates is not None:
-            ids.update(step.candidates.token.tolist())
-        self.name_tokens(trace, ids)
+    def name_step(self, trace: Trace, step) -> None:
+        """Record the text of the tokens a new step mentions (replays need no tokenizer)."""
+        trace.name_tokens(self.tokenizer, step.mentioned_tokens())
 
     # ------------------------------------------------------------------ what-if
     def verifier(self, sampling: SamplingConfig):

@@ -14,18 +14,19 @@ from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+from dart_core.methods import DART, DART_PLD, PLD, VANILLA
 from dart_core.metrics import Metrics
 from dart_core.trace import StepRecord, Trace
 
 WAITING, RUNNING, DONE, STOPPED, ERROR, REPLAY = "waiting", "running", "done", "stopped", "error", "replay"
-LANE_ORDER = ("vanilla", "dart", "pld")
-LANE_TITLES = {"vanilla": "Plain decoding", "dart": "DART", "pld": "Prompt lookup"}
+LANE_ORDER = (VANILLA, DART, PLD)   # a lane is keyed by the method it shows; dart_pld runs in the DART lane
+LANE_TITLES = {VANILLA: "Plain decoding", DART: "DART", PLD: "Prompt lookup"}
 STOP_REASONS = {"stop_token": "end of answer", "max_new_tokens": "token limit", "context_full": "context full"}
 
 
 @dataclass
 class Lane:
-    key: str                                   # "vanilla", "dart" or "pld" (the trace's method)
+    key: str                                   # one of LANE_ORDER (lane_of the trace's method)
     trace: Trace
     steps: Iterator[StepRecord] | None = None  # the live generator; None for a replayed trace
     own_time: float = 0.0                      # seconds spent in this lane's own steps
@@ -85,12 +86,17 @@ class Lane:
         self.steps = None
 
 
+def lane_of(method: str) -> str:
+    """The lane a method's trace is shown in."""
+    return DART if method == DART_PLD else method
+
+
 def replay_lane(trace: Trace) -> Lane:
     """A finished lane from a saved trace. Its time is the one the app recorded, else the sum of step timings."""
-    own = trace.settings.get("lane_time_s") if isinstance(trace.settings, dict) else None
-    if not isinstance(own, (int, float)) or own <= 0:
+    own = trace.settings.own_time_s
+    if not own or own <= 0:
         own = sum(sum(s.timings.values()) for s in trace.steps)
-    return Lane(trace.method, trace, None, float(own), REPLAY)
+    return Lane(lane_of(trace.method), trace, None, float(own), REPLAY)
 
 
 def round_robin(lanes: list[Lane], stop: threading.Event | None = None,
@@ -116,7 +122,7 @@ def lane_stats(lane: Lane, baseline: Lane | None = None) -> list[tuple[str, str]
     """The numbers shown above a lane: tokens, tokens/s, tau, speedup over the baseline lane, elapsed time."""
     m = lane.metrics
     stats = [("tokens", str(lane.tokens)), ("tok/s", f"{lane.tokens_per_s:.1f}")]
-    if lane.key != "vanilla":
+    if lane.key != VANILLA:
         stats.append(("τ", f"{m.tau:.2f}" if m.verify_steps else "–"))
         if baseline is not None and baseline.tokens_per_s > 0 and lane.tokens_per_s > 0:
             stats.append(("speedup", f"{lane.tokens_per_s / baseline.tokens_per_s:.2f}×"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dart_core.acceptance import SamplingConfig
-from dart_core.loading import default_search_config
+from dart_core.errors import DartError
+from dart_core.setup.defaults import default_search_config
 from dart_core.tree_search import SearchConfig
 
 MAX_PROMPT_CHARS = 6000
@@ -55,7 +56,7 @@ EXAMPLES = (
 )
 
 
-class OptionError(ValueError):
+class OptionError(DartError):
     """A knob or prompt the user gave is out of range; the message says which and why."""
 
 
@@ -79,10 +80,7 @@ def check_knob(name: str, value) -> float | int:
 def sampling_from(temperature, top_p, top_k, seed) -> SamplingConfig:
     cfg = SamplingConfig(check_knob("temperature", temperature), check_knob("top_p", top_p),
                          check_knob("top_k", top_k), check_knob("seed", seed))
-    try:
-        return cfg.validate()
-    except ValueError as exc:
-        raise OptionError(str(exc)) from None
+    return cfg.validate()
 
 
 def search_from(node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay) -> SearchConfig:
@@ -91,10 +89,7 @@ def search_from(node_budget, beam_width, topk, ngram_weight, level_exponent, log
                        level_exponent=check_knob("level_exponent", level_exponent),
                        logit_decay=check_knob("logit_decay", logit_decay),
                        ngram_weight=check_knob("ngram_weight", ngram_weight))
-    try:
-        return cfg.validate()
-    except ValueError as exc:
-        raise OptionError(str(exc)) from None
+    return cfg.validate()
 
 
 def check_prompt(text) -> str:

@@ -14,7 +14,6 @@ class Session:
     stop: threading.Event = field(default_factory=threading.Event)
     follow: bool = True          # the step view follows the newest step while generating
     running: bool = False
-    runs: int = 0                # how many runs / replays this session started
     trace_folder: str | None = None  # where the latest downloadable traces were written (one folder per session)
 
     def new_run(self, lanes: list[Lane]) -> None:
@@ -23,7 +22,6 @@ class Session:
         self.stop = threading.Event()
         self.lanes = {lane.key: lane for lane in sorted(lanes, key=lambda ln: LANE_ORDER.index(ln.key))}
         self.follow = True
-        self.runs += 1
 
     def lane(self, key: str | None) -> Lane | None:
         if key in self.lanes:

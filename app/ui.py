@@ -93,9 +93,7 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
                     "tree DART built, step by step.", elem_classes="app-header")
         notices = list(engine.notices)
         if engine.can_generate:
-            s = engine.settings
-            notices.insert(0, f"Model: {s.get('model')} · draft head: {s.get('draft')} · n-gram: {s.get('ngram')} · "
-                              f"{s.get('device')} / {s.get('dtype')}")
+            notices.insert(0, engine.describe())
         gr.HTML("".join(f'<div class="notice">{html.escape(n)}</div>' for n in notices), elem_id="notices")
         comps["message"] = gr.HTML("", elem_id="message")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dart_core.acceptance import GREEDY_TEMPERATURE
+from dart_core.errors import DartError
 from dart_core.ngram import NGramModel
 from dart_core.trace import Trace
 from dart_core.tree import TokenTree
@@ -27,8 +27,8 @@ HOW_TEXT = {VERIFIED: "verified with one target forward",
 Verifier = Callable[[list[int], TokenTree], tuple[list[int], int]]
 
 
-class WhatIfError(ValueError):
-    pass
+class WhatIfError(DartError):
+    """A step that what-if cannot rerun."""
 
 
 @dataclass
@@ -50,10 +50,7 @@ class WhatIf:
 
 
 def is_greedy(trace: Trace) -> bool:
-    sampling = trace.settings.get("sampling") if isinstance(trace.settings, dict) else None
-    if not isinstance(sampling, dict):
-        return True
-    return float(sampling.get("temperature", 0.0) or 0.0) <= GREEDY_TEMPERATURE
+    return trace.settings.sampling.greedy
 
 
 def follow_tokens(tree: TokenTree, tokens: list[int]) -> tuple[list[int], int | None]:

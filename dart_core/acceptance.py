@@ -15,9 +15,14 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
+from .errors import ConfigError
 from .tree import TokenTree
 
-GREEDY_TEMPERATURE = 1e-5
+GREEDY_TEMPERATURE = 1e-5   # temperatures at or below this decode greedily
+
+
+def is_greedy(temperature: float) -> bool:
+    return temperature <= GREEDY_TEMPERATURE
 
 
 @dataclass
@@ -29,15 +34,15 @@ class SamplingConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= GREEDY_TEMPERATURE
+        return is_greedy(self.temperature)
 
     def validate(self) -> "SamplingConfig":
         if not (self.temperature >= 0 and self.temperature == self.temperature):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
         return self
 
     def make_generator(self) -> torch.Generator:

@@ -12,6 +12,7 @@ from collections import Counter
 
 import numpy as np
 
+from .errors import ConfigError
 from .ngram import NGramModel, backoff
 
 
@@ -20,9 +21,9 @@ class ContextNGram:
         if static is not None:
             order = static.order
         if order < 2:
-            raise ValueError(f"n-gram order must be at least 2, got {order}")
+            raise ConfigError(f"n-gram order must be at least 2, got {order}")
         if weight <= 0:
-            raise ValueError(f"context weight must be > 0, got {weight}")
+            raise ConfigError(f"context weight must be > 0, got {weight}")
         self.static, self.order, self.weight = static, order, weight
         self.vocab_size = static.vocab_size if static is not None else None
         self.reset()

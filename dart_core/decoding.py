@@ -10,11 +10,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-
 from .acceptance import SamplingConfig, accept, choose_token
+from .errors import ConfigError
 from .proposers import Proposer
 from .target import TargetModel
-from .trace import StepRecord, Trace
+from .trace import RunSettings, StepRecord, Trace
 
 
 @dataclass
@@ -26,9 +26,9 @@ class GenerationConfig:
 
     def validate(self) -> "GenerationConfig":
         if self.max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
         if self.max_context is not None and self.max_context < 2:
-            raise ValueError(f"max_context must be >= 2, got {self.max_context}")
+            raise ConfigError(f"max_context must be >= 2, got {self.max_context}")
         self.sampling.validate()
         return self
 
@@ -38,10 +38,10 @@ def generate(target: TargetModel, proposer: Proposer, prompt_ids: list[int],
     """Decode from `prompt_ids`, yielding the prefill record and then one record per verify step."""
     config.validate()
     if not prompt_ids:
-        raise ValueError("the prompt is empty")
+        raise ConfigError("the prompt is empty")
     max_context = min(config.max_context or target.max_positions, target.max_positions)
     if len(prompt_ids) >= max_context:
-        raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the context limit is {max_context}")
+        raise ConfigError(f"the prompt has {len(prompt_ids)} tokens; the context limit is {max_context}")
     gen = None if config.sampling.greedy else config.sampling.make_generator()
     stops = frozenset(config.stop_ids)
     proposer.reset()
@@ -76,7 +76,7 @@ def generate(target: TargetModel, proposer: Proposer, prompt_ids: list[int],
         features = feats[result.path] if feats is not None else None
         committed.extend(tree.tokens[i] for i in result.path)
         new = [tree.tokens[i] for i in result.path[1:]] + [result.bonus]
-        new = _truncate(new, stops, config.max_new_tokens - emitted)
+        new = cut_at_stop(new, stops, config.max_new_tokens - emitted)
         emitted += len(new)
         root = result.bonus
         # The measured draft/search split comes from the proposer; whatever else propose() spent counts as draft.
@@ -92,13 +92,13 @@ def generate(target: TargetModel, proposer: Proposer, prompt_ids: list[int],
         index += 1
 
 
-def _truncate(new: list[int], stops: frozenset[int], remaining: int) -> list[int]:
-    """Cut the step's tokens after the first stop token and at the token limit."""
-    for i, t in enumerate(new):
+def cut_at_stop(ids: list[int], stops, limit: int) -> list[int]:
+    """`ids` cut after the first stop token and to at most `limit` tokens: what a decode emits, by any method."""
+    for i, t in enumerate(ids):
         if t in stops:
-            new = new[: i + 1]
+            ids = ids[: i + 1]
             break
-    return new[: max(remaining, 0)]
+    return list(ids[: max(limit, 0)])
 
 
 def _stop_reason(new, stops, emitted, max_new, seq_len, max_context) -> str | None:
@@ -112,9 +112,9 @@ def _stop_reason(new, stops, emitted, max_new, seq_len, max_context) -> str | No
 
 
 def run(target: TargetModel, proposer: Proposer, prompt_ids: list[int], config: GenerationConfig,
-        settings: dict | None = None) -> Trace:
+        settings: RunSettings | None = None) -> Trace:
     """Decode to the end and return the whole trace."""
-    trace = Trace(method=proposer.name, prompt_ids=list(prompt_ids), settings=dict(settings or {}))
+    trace = Trace(method=proposer.name, prompt_ids=list(prompt_ids), settings=settings or RunSettings())
     for step in generate(target, proposer, prompt_ids, config):
         trace.steps.append(step)
     return trace

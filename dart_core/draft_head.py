@@ -18,14 +18,18 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
+
+from .errors import DartError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT = "dart-lab-draft-head/1"
 
 
-class DraftHeadError(ValueError):
+class DraftHeadError(DartError):
     """A draft head file is missing, corrupt, or does not fit the target; the message names the problem."""
 
 
@@ -194,8 +198,9 @@ class DraftHead(nn.Module):
         x = torch.cat([self.embed_norm(embeds.to(g.dtype)), self.feature_norm(g)], dim=-1)
         return x, g
 
-    def _attend_and_mlp(self, x, residual, positions, mask, past_k=None, past_v=None):
-        """x: [T, 2H], residual: [T, H], positions: [T], mask: [T, P+T] bool. Returns (h [T, H], k, v)."""
+    def _attend(self, x, residual, positions, mask, past_k=None, past_v=None):
+        """Attention with its residual. x: [T, 2H], residual: [T, H], positions: [T], mask: [T, P+T] bool.
+        Returns (h [T, H], the new keys, the new values)."""
         c = self.config
         T = x.shape[0]
         q = self.q_proj(x).view(T, c.num_heads, c.head_dim).transpose(0, 1)
@@ -238,7 +243,7 @@ class DraftHead(nn.Module):
         residual = torch.cat([g, self.mask_embed[: c.hidden_size].to(g.dtype).expand(K, -1)], dim=0)
         positions = torch.arange(P, P + S + K, device=x.device)
         mask = torch.ones(S + K, P + S + K, dtype=torch.bool, device=x.device).tril(P)
-        h, k, v = self._attend_and_mlp(x, residual, positions, mask, cache.keys, cache.values)
+        h, k, v = self._attend(x, residual, positions, mask, cache.keys, cache.values)
         cache.append(k[:, :S], v[:, :S])  # mask slots are never cached
         return self._mlp_and_logits(h[-(K + 1):], out_weight, output)
 
@@ -268,7 +273,7 @@ class DraftHead(nn.Module):
         block_id = torch.arange(A, device=dev).repeat_interleave(K)
         slot_id = slot.repeat(A)
         mask[T:, T:] = (block_id[:, None] == block_id[None]) & (slot_id[None] <= slot_id[:, None])
-        h, _, _ = self._attend_and_mlp(x, residual, positions, mask)
+        h, _, _ = self._attend(x, residual, positions, mask)
         rows = torch.cat([h[anchors][:, None], h[T:].view(A, K, -1)], dim=1)  # [A, K+1, H]
         return self._mlp_and_logits(rows, out_weight)
 
@@ -292,8 +297,6 @@ class DraftHead(nn.Module):
 
     def save(self, directory, dtype: torch.dtype | None = None) -> None:
         """Write config.json and model.safetensors; `dtype` (e.g. bf16, to halve the file) casts float weights."""
-        from safetensors.torch import save_file
-
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
@@ -303,9 +306,6 @@ class DraftHead(nn.Module):
 
     @classmethod
     def load(cls, directory, device="cpu", dtype=torch.float32) -> "DraftHead":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         d = Path(directory)
         if not (d / CONFIG_FILE).is_file():
             raise DraftHeadError(f"no {CONFIG_FILE} in {d}: not a draft head folder")

@@ -14,11 +14,13 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from .errors import DartError
+
 UNSEEN = 0  # matched context length reported for a token never seen after any suffix of its context
 
 
-class NGramError(ValueError):
-    pass
+class NGramError(DartError):
+    """An n-gram table that cannot be built or read."""
 
 
 class NGramModel:
@@ -62,19 +64,6 @@ class NGramModel:
             counts.append(cnt.astype(np.int64))
         return cls(order, vocab_size, keys, counts)
 
-    def merged_with(self, other: "NGramModel") -> "NGramModel":
-        """A model whose counts are the sum of both (same order and vocabulary)."""
-        if (other.order, other.vocab_size) != (self.order, self.vocab_size):
-            raise NGramError("can only merge n-gram models of the same order and vocabulary")
-        keys, counts = [], []
-        for k in range(self.order):
-            allk = np.concatenate([self.keys[k], other.keys[k]])
-            allc = np.concatenate([self.counts[k], other.counts[k]])
-            uniq, inverse = np.unique(allk, return_inverse=True)
-            keys.append(uniq)
-            counts.append(np.bincount(inverse, weights=allc, minlength=uniq.size).astype(np.int64))
-        return NGramModel(self.order, self.vocab_size, keys, counts)
-
     # ------------------------------------------------------------------ queries
     def _count(self, k: int, packed: np.ndarray) -> np.ndarray:
         """Counts of packed k-grams (0 where absent)."""
@@ -113,10 +102,6 @@ class NGramModel:
         ctx = [-1] * (self.order - 1 - len(ctx)) + ctx
         p, m = self.lookup(np.asarray([ctx]), np.asarray([list(tokens)]))
         return p[0], m[0]
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.counts[0].sum())
 
     # ------------------------------------------------------------------ persistence
     def save(self, path) -> None:

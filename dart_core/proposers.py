@@ -16,8 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .draft_head import DraftCache, DraftHead
 from .context_ngram import ContextNGram
+from .draft_head import DraftCache, DraftHead
+from .errors import ConfigError
+from .methods import DART, DART_PLD, PLD, VANILLA
 from .ngram import NGramModel
 from .target import OneDnnOutputHead, onednn_applies
 from .tree import TokenTree
@@ -31,8 +33,7 @@ class Proposal:
     rows_probs: np.ndarray | None = None    # [R, k]
     candidates: Candidates | None = None    # every candidate the tree search considered
     lookup_nodes: list[int] | None = None   # tree nodes added by a prompt-lookup branch (DART + lookup)
-    draft_time: float = 0.0
-    search_time: float = 0.0
+    search_time: float = 0.0                # seconds of propose() spent in the tree search (the rest is drafting)
 
 
 class Proposer:
@@ -48,7 +49,7 @@ class Proposer:
 
 class VanillaProposer(Proposer):
     """Plain autoregressive decoding: the tree is the root alone, so each step emits one token."""
-    name = "vanilla"
+    name = VANILLA
 
     def propose(self, context, new_features, max_nodes):
         return Proposal(TokenTree([context[-1]], [-1]))
@@ -56,19 +57,18 @@ class VanillaProposer(Proposer):
 
 class PromptLookupProposer(Proposer):
     """Prompt lookup decoding: copy what followed the latest earlier occurrence of the context's last n-gram."""
-    name = "pld"
+    name = PLD
 
     def __init__(self, max_ngram: int = 3, num_tokens: int = 10, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
-            raise ValueError("prompt lookup needs 1 <= min_ngram <= max_ngram")
+            raise ConfigError("prompt lookup needs 1 <= min_ngram <= max_ngram")
         if num_tokens < 1:
-            raise ValueError("prompt lookup needs num_tokens >= 1")
+            raise ConfigError("prompt lookup needs num_tokens >= 1")
         self.max_ngram, self.num_tokens, self.min_ngram = max_ngram, num_tokens, min_ngram
 
     def propose(self, context, new_features, max_nodes):
-        t0 = time.perf_counter()
         drafts = self.lookup(context)[: max(0, max_nodes)]
-        return Proposal(TokenTree.chain(context[-1], drafts), draft_time=time.perf_counter() - t0)
+        return Proposal(TokenTree.chain(context[-1], drafts))
 
     def lookup(self, context: list[int]) -> list[int]:
         ids = np.asarray(context, dtype=np.int64)
@@ -133,7 +133,7 @@ class DartProposer(Proposer):
     With `lookup` (beyond the reference), prompt lookup's copied continuation joins the tree as one more branch,
     sharing the nodes DART already has: the target verifies both in the same forward. The branch's new nodes come
     on top of the search's node budget."""
-    name = "dart"
+    name = DART
     needs_features = True
 
     def __init__(self, drafter: Drafter, search_config: SearchConfig | None = None,
@@ -145,7 +145,7 @@ class DartProposer(Proposer):
         self.eos_ids = frozenset(eos_ids)
         self.lookup = lookup
         if lookup is not None:
-            self.name = "dart_pld"
+            self.name = DART_PLD
 
     def reset(self):
         self.drafter.reset()
@@ -153,7 +153,6 @@ class DartProposer(Proposer):
             self.ngram.reset()
 
     def propose(self, context, new_features, max_nodes):
-        t0 = time.perf_counter()
         if hasattr(self.ngram, "observe"):
             self.ngram.observe(context)
         logits = self.drafter.draft(context, new_features)                  # [R, Vd]
@@ -169,4 +168,4 @@ class DartProposer(Proposer):
         if self.lookup is not None:
             tree, lookup_nodes = tree.with_branch(self.lookup.lookup(context), max_nodes - (len(tree) - 1))
         t2 = time.perf_counter()
-        return Proposal(tree, rows_tokens, rows_probs, result.candidates, lookup_nodes, t1 - t0, t2 - t1)
+        return Proposal(tree, rows_tokens, rows_probs, result.candidates, lookup_nodes, t2 - t1)

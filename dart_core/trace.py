@@ -1,24 +1,84 @@
-"""Per-step records of a decoding run, and their JSON form (a saved trace replays with no model)."""
+"""Per-step records of a decoding run, the settings it ran with, and their file form (a saved trace replays with no
+model).
+
+The file is JSON (gzip-compressed when the name ends in .gz). Format 2 stores the numeric columns (draft rows,
+tree-search candidates) as typed little-endian arrays in base64, several times smaller than lists of numbers;
+`save(..., top_candidates=N)` keeps only the best N candidates of each step (and the tree's own), for small files.
+Format 1 files (numbers as JSON lists, settings as a free dict) still load.
+"""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
+from .acceptance import SamplingConfig
+from .errors import DartError
+from .methods import DART, DART_PLD, METHODS
 from .tree import TokenTree
-from .tree_search import Candidates
+from .tree_search import BEAM_STATES, FATES, KEPT, Candidates, SearchConfig
 
-TRACE_FORMAT = "dart-lab-trace/1"
+TRACE_FORMAT = "dart-lab-trace/2"
+READABLE_FORMATS = ("dart-lab-trace/1", TRACE_FORMAT)
 PHASES = ("draft", "search", "verify", "accept")
+# Storage type of each candidate column in format 2 (fate and beam as indices into FATES / BEAM_STATES).
+CANDIDATE_TYPES = {"token": "<i4", "level": "<i2", "parent": "<i4", "draft_prob": "<f4", "logit_term": "<f4",
+                   "ngram_prob": "<f4", "ngram_match": "<i1", "ngram_term": "<f4", "level_weight": "<f4",
+                   "score": "<f4", "fate": "<i1", "beam": "<i1", "node": "<i2"}
+CANDIDATE_DTYPES = {"token": np.int64, "level": np.int32, "parent": np.int32, "ngram_match": np.int8,
+                    "node": np.int32}
+CODES = {"fate": FATES, "beam": BEAM_STATES}
 
 
-class TraceError(ValueError):
-    pass
+class TraceError(DartError):
+    """A trace file that cannot be read: missing, not JSON, another format or version, or damaged."""
 
 
+# ---------------------------------------------------------------------------------------------------- settings
+@dataclass
+class RunSettings:
+    """How a run was made: the names of what was loaded, the sampling and search settings, and the stop ids.
+    Written by `dart_core.setup.loading.Loaded.new_trace` for the command line and the app alike."""
+    model: str | None = None
+    draft: str | None = None           # DART's head ('default', 'random', a folder); None without one
+    ngram: str | None = None           # the n-gram table ('default', 'none', a file); None without one
+    device: str = "cpu"
+    dtype: str = "fp32"
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    search: SearchConfig | None = None  # the tree search knobs (DART methods only)
+    max_new_tokens: int = 0
+    stop_ids: list[int] = field(default_factory=list)
+    lookup_tokens: int | None = None    # dart_pld: the length of the prompt-lookup branch
+    ngram_context_weight: float = 0.0
+    own_time_s: float | None = None     # the app's lane time: its own steps only (lanes take turns on one CPU)
+    top_candidates: int | None = None   # set when the file keeps only the best N candidates of each step
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["sampling"] = self.sampling.to_dict()
+        d["search"] = None if self.search is None else self.search.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "RunSettings":
+        """Lenient: unknown keys are ignored and missing ones take their defaults (format 1 wrote a free dict)."""
+        data = dict(data or {})
+        names = {f.name for f in fields(cls)}
+        out = {k: v for k, v in data.items() if k in names}
+        out["sampling"] = SamplingConfig.from_dict(data.get("sampling") or {})
+        out["search"] = SearchConfig.from_dict(data["search"]) if isinstance(data.get("search"), dict) else None
+        out["stop_ids"] = [int(t) for t in data.get("stop_ids") or []]
+        if out.get("own_time_s") is None and isinstance(data.get("lane_time_s"), (int, float)):
+            out["own_time_s"] = float(data["lane_time_s"])   # format 1's name for it
+        return cls(**out)
+
+
+# ---------------------------------------------------------------------------------------------------- steps
 @dataclass
 class StepRecord:
     index: int                       # 0 is the prefill
@@ -36,90 +96,190 @@ class StepRecord:
     elapsed: float = 0.0             # seconds since the generation started, at the end of this step
     stop_reason: str | None = None   # set on the last step: "stop_token", "max_new_tokens", "context_full"
 
-    def to_dict(self) -> dict:
+    def mentioned_tokens(self) -> set[int]:
+        ids = set(self.new_tokens)
+        if self.tree:
+            ids.update(self.tree.tokens)
+        if self.rows_tokens is not None:
+            ids.update(int(t) for t in self.rows_tokens.ravel())
+        if self.candidates is not None:
+            ids.update(int(t) for t in self.candidates.token)
+        return ids
+
+    def to_dict(self, top_candidates: int | None = None) -> dict:
+        cand = self.candidates
+        if cand is not None and top_candidates is not None:
+            cand = best_candidates(cand, top_candidates)
         return {
             "index": self.index, "kind": self.kind, "context_len": self.context_len,
             "new_tokens": list(self.new_tokens), "accepted": self.accepted,
             "tree": self.tree.to_dict() if self.tree else None, "path": list(self.path),
-            "rows_tokens": None if self.rows_tokens is None else self.rows_tokens.tolist(),
-            "rows_probs": None if self.rows_probs is None else np.round(self.rows_probs, 6).tolist(),
-            "candidates": self.candidates.to_dict() if self.candidates is not None else None,
+            "rows_tokens": None if self.rows_tokens is None else pack(self.rows_tokens, "<i4"),
+            "rows_probs": None if self.rows_probs is None else pack(self.rows_probs, "<f4"),
+            "candidates": None if cand is None else pack_candidates(cand),
             "lookup_nodes": list(self.lookup_nodes),
             "timings": {k: round(v, 6) for k, v in self.timings.items()}, "elapsed": round(self.elapsed, 6),
             "stop_reason": self.stop_reason,
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StepRecord":
+    def from_dict(cls, d: dict, version: int = 2) -> "StepRecord":
+        arrays = unpack if version >= 2 else np.asarray
+        cand = d.get("candidates")
+        if cand:
+            cand = unpack_candidates(cand) if version >= 2 else Candidates.from_dict(cand)
         return cls(
             index=int(d["index"]), kind=str(d["kind"]), context_len=int(d["context_len"]),
             new_tokens=[int(t) for t in d["new_tokens"]], accepted=int(d.get("accepted", 0)),
             tree=TokenTree.from_dict(d["tree"]) if d.get("tree") else None, path=[int(i) for i in d.get("path", [])],
-            rows_tokens=None if d.get("rows_tokens") is None else np.asarray(d["rows_tokens"], dtype=np.int64),
-            rows_probs=None if d.get("rows_probs") is None else np.asarray(d["rows_probs"], dtype=np.float64),
-            candidates=Candidates.from_dict(d["candidates"]) if d.get("candidates") else None,
-            lookup_nodes=[int(i) for i in d.get("lookup_nodes", [])],
+            rows_tokens=None if d.get("rows_tokens") is None else arrays(d["rows_tokens"]).astype(np.int64),
+            rows_probs=None if d.get("rows_probs") is None else arrays(d["rows_probs"]).astype(np.float64),
+            candidates=cand or None, lookup_nodes=[int(i) for i in d.get("lookup_nodes", [])],
             timings={k: float(v) for k, v in d.get("timings", {}).items()}, elapsed=float(d.get("elapsed", 0.0)),
             stop_reason=d.get("stop_reason"))
 
 
+# ---------------------------------------------------------------------------------------------------- traces
 @dataclass
 class Trace:
-    method: str
+    method: str                      # one of dart_core.methods.METHODS
     prompt_ids: list[int]
     steps: list[StepRecord] = field(default_factory=list)
     prompt_text: str = ""
-    settings: dict = field(default_factory=dict)       # model, dtype, device, sampling, search knobs
+    settings: RunSettings = field(default_factory=RunSettings)
     token_text: dict[int, str] = field(default_factory=dict)  # id -> text of every token the trace mentions
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise TraceError(f"unknown method {self.method!r} (expected one of {', '.join(METHODS)})")
 
     @property
     def output_ids(self) -> list[int]:
         return [t for s in self.steps for t in s.new_tokens]
 
+    @property
+    def uses_tree_search(self) -> bool:
+        return self.method in (DART, DART_PLD)
+
     def mentioned_tokens(self) -> set[int]:
-        ids = set(self.prompt_ids) | set(self.output_ids)
+        ids = set(self.prompt_ids)
         for s in self.steps:
-            if s.tree:
-                ids.update(s.tree.tokens)
-            if s.rows_tokens is not None:
-                ids.update(int(t) for t in s.rows_tokens.ravel())
-            if s.candidates is not None:
-                ids.update(int(t) for t in s.candidates.token)
+            ids |= s.mentioned_tokens()
         return ids
 
-    def fill_token_text(self, tokenizer) -> None:
-        """Record the text of every mentioned token so that a replay needs no tokenizer."""
-        missing = sorted(self.mentioned_tokens() - set(self.token_text))
-        for tid, text in zip(missing, tokenizer.batch_decode([[t] for t in missing])):
-            self.token_text[tid] = text
+    def name_tokens(self, tokenizer, ids=None) -> None:
+        """Record the text of `ids` (default: every token the trace mentions) so that a replay needs no tokenizer."""
+        wanted = self.mentioned_tokens() if ids is None else {int(t) for t in ids}
+        missing = sorted(wanted - set(self.token_text))
+        if tokenizer is not None and missing:
+            for tid, text in zip(missing, tokenizer.batch_decode([[t] for t in missing])):
+                self.token_text[tid] = text
 
-    def to_dict(self) -> dict:
+    def to_dict(self, top_candidates: int | None = None) -> dict:
+        settings = self.settings.to_dict()
+        if top_candidates is not None:
+            settings["top_candidates"] = top_candidates
         return {"format": TRACE_FORMAT, "method": self.method, "prompt_ids": list(self.prompt_ids),
-                "prompt_text": self.prompt_text, "settings": self.settings,
+                "prompt_text": self.prompt_text, "settings": settings,
                 "token_text": {str(k): v for k, v in sorted(self.token_text.items())},
-                "steps": [s.to_dict() for s in self.steps]}
+                "steps": [s.to_dict(top_candidates) for s in self.steps]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Trace":
-        if not isinstance(d, dict) or d.get("format") != TRACE_FORMAT:
+        fmt = d.get("format") if isinstance(d, dict) else None
+        if not isinstance(fmt, str) or not fmt.startswith("dart-lab-trace/"):
             raise TraceError(f"not a DART Lab trace (expected format {TRACE_FORMAT!r})")
+        if fmt not in READABLE_FORMATS:
+            raise TraceError(f"trace format {fmt!r} is not supported: this version reads "
+                             f"{' and '.join(READABLE_FORMATS)}")
+        version = int(fmt.rsplit("/", 1)[1])
         try:
-            return cls(method=str(d["method"]), prompt_ids=[int(t) for t in d["prompt_ids"]],
-                       steps=[StepRecord.from_dict(s) for s in d["steps"]], prompt_text=d.get("prompt_text", ""),
-                       settings=d.get("settings", {}),
+            settings = d.get("settings") or {}
+            method = str(d["method"])
+            if version == 1 and method == DART and settings.get("lookup_branch"):
+                method = DART_PLD   # format 1's app wrote dart_pld as dart plus a setting
+            return cls(method=method, prompt_ids=[int(t) for t in d["prompt_ids"]],
+                       steps=[StepRecord.from_dict(s, version) for s in d["steps"]],
+                       prompt_text=d.get("prompt_text", ""), settings=RunSettings.from_dict(settings),
                        token_text={int(k): v for k, v in d.get("token_text", {}).items()})
-        except (KeyError, TypeError, ValueError) as exc:
+        except TraceError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise TraceError(f"trace is damaged: {type(exc).__name__}: {exc}") from None
 
-    def save(self, path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()))
+    def save(self, path, top_candidates: int | None = None) -> int:
+        """Write the trace (gzip when the name ends in .gz); returns the file size in bytes."""
+        data = json.dumps(self.to_dict(top_candidates), separators=(",", ":")).encode("utf-8")
+        if str(path).endswith(".gz"):
+            data = gzip.compress(data, compresslevel=6, mtime=0)
+        Path(path).write_bytes(data)
+        return len(data)
 
     @classmethod
     def load(cls, path) -> "Trace":
         try:
-            data = json.loads(Path(path).read_text())
+            raw = Path(path).read_bytes()
+            if raw[:2] == b"\x1f\x8b":   # gzip, whatever the name
+                raw = gzip.decompress(raw)
+            data = json.loads(raw.decode("utf-8"))
         except FileNotFoundError:
             raise TraceError(f"trace file not found: {path}") from None
+        except IsADirectoryError:
+            raise TraceError(f"{path} is a folder, not a trace file") from None
+        except (OSError, EOFError) as exc:  # gzip's BadGzipFile is an OSError
+            raise TraceError(f"{path} cannot be read: {exc}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TraceError(f"{path} is not JSON: {exc}") from None
         return cls.from_dict(data)
+
+
+# ---------------------------------------------------------------------------------------------------- encoding
+def pack(array: np.ndarray, dtype: str) -> dict:
+    """A numeric array as {"dtype", "shape", "b64"}: little-endian bytes in base64."""
+    a = np.ascontiguousarray(np.asarray(array).astype(dtype))
+    return {"dtype": dtype, "shape": list(a.shape), "b64": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def unpack(d: dict) -> np.ndarray:
+    raw = base64.b64decode(d["b64"], validate=True)
+    return np.frombuffer(raw, dtype=np.dtype(d["dtype"])).reshape(d["shape"])
+
+
+def pack_candidates(c: Candidates) -> dict:
+    out = {}
+    for name, dtype in CANDIDATE_TYPES.items():
+        col = getattr(c, name)
+        if name in CODES:
+            col = np.asarray([CODES[name].index(v) for v in col.tolist()], dtype=np.int8)
+        out[name] = pack(col, dtype)
+    return out
+
+
+def unpack_candidates(d: dict) -> Candidates:
+    cols = {}
+    for name in CANDIDATE_TYPES:
+        col = unpack(d[name])
+        if name in CODES:
+            cols[name] = np.asarray(CODES[name], dtype=object)[col.astype(np.int64)]
+        else:
+            cols[name] = col.astype(CANDIDATE_DTYPES.get(name, np.float64))
+    return Candidates(**cols)
+
+
+def best_candidates(c: Candidates, n: int) -> Candidates:
+    """The best `n` candidates by score, every kept one, and the ancestors of all of them (so each keeps its parent
+    path), with parents renumbered."""
+    keep = np.zeros(len(c), dtype=bool)
+    keep[np.argsort(-c.score, kind="stable")[:max(n, 0)]] = True
+    keep |= c.fate == KEPT
+    for i in np.flatnonzero(keep)[::-1]:     # parents come before children: walk up from the deepest
+        p = int(c.parent[i])
+        while p >= 0 and not keep[p]:
+            keep[p] = True
+            p = int(c.parent[p])
+    idx = np.flatnonzero(keep)
+    new_index = np.full(len(c), -1, dtype=np.int64)
+    new_index[idx] = np.arange(len(idx))
+    cols = {f.name: getattr(c, f.name)[idx] for f in fields(Candidates)}
+    cols["parent"] = np.where(cols["parent"] >= 0, new_index[np.maximum(cols["parent"], 0)], -1).astype(np.int32)
+    return Candidates(**cols)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
+from .errors import ConfigError
 from .ngram import NGramModel
 from .tree import TokenTree
 
@@ -50,7 +51,7 @@ class SearchConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise ConfigError(message)
         return self
 
     def level_weight(self, level: int) -> float:

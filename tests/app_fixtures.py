@@ -15,7 +15,8 @@ from dart_core.acceptance import SamplingConfig
 from dart_core.decoding import GenerationConfig, run
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, PromptLookupProposer, VanillaProposer
-from dart_core.trace import StepRecord, Trace
+from dart_core.setup.loading import Loaded
+from dart_core.trace import RunSettings, StepRecord, Trace
 from dart_core.tree_search import SearchConfig, search
 
 # Token texts with characters that must be escaped or kept (markup, quotes, newline, indentation).
@@ -57,7 +58,7 @@ def hand_trace() -> Trace:
                    timings={"draft": 0.01, "search": 0.002, "verify": 0.03, "accept": 0.001}, elapsed=0.1,
                    stop_reason="max_new_tokens"),
     ]
-    settings = {"model": "hand", "sampling": SamplingConfig().to_dict(), "search": cfg.to_dict(), "stop_ids": [2]}
+    settings = RunSettings(model="hand", sampling=SamplingConfig(), search=cfg, stop_ids=[2])
     return Trace("dart", [10, 11, 12], steps, "hand <prompt>", settings, token_names())
 
 
@@ -83,8 +84,7 @@ def tiny_traces(max_new_tokens: int = 16) -> dict[str, Trace]:
     for name, proposer in (("vanilla", VanillaProposer()), ("dart", DartProposer(oracle, cfg, ngram, eos_ids={2})),
                            ("pld", PromptLookupProposer())):
         trace = run(target, proposer, prompt, GenerationConfig(max_new_tokens, sampling, stop_ids=frozenset({2})),
-                    settings={"model": "tiny", "sampling": sampling.to_dict(), "search": cfg.to_dict(),
-                              "stop_ids": [2]})
+                    settings=RunSettings(model="tiny", sampling=sampling, search=cfg, stop_ids=[2]))
         trace.method = name
         trace.prompt_text = "tiny"
         trace.token_text = token_names(target.vocab_size)
@@ -120,9 +120,8 @@ def tiny_engine(ngram: bool = True):
     from tests.tiny import random_head, tiny_target
     target = tiny_target()
     target.tokenizer = CharTokenizer(target.vocab_size)
-    settings = {"model": "tiny", "draft": "random", "ngram": "tiny" if ngram else "none", "device": "cpu",
-                "dtype": "fp32"}
-    return Engine(target, random_head(target), tiny_ngram() if ngram else None, frozenset({2}), settings, [])
+    return Engine(Loaded(target, random_head(target), tiny_ngram() if ngram else None, "tiny", "random",
+                         "tiny" if ngram else "none", "cpu", "fp32"))
 
 
 def tiny_ngram() -> NGramModel:

@@ -69,10 +69,10 @@ def test_run_streams_lanes_round_robin_and_finishes(cb):
     final = updates[-1]
     assert 'data-status="done · token limit"' in final["lane_dart"]
     assert "speedup" in final["lane_dart"] and "τ" in final["lane_dart"]
-    assert final["downloads"] and all(p.endswith(".json") for p in final["downloads"])
+    assert final["downloads"] and all(p.endswith(".json.gz") for p in final["downloads"])
     saved = {Trace.load(p).method: Trace.load(p) for p in final["downloads"]}
     assert saved["dart"].output_ids == lanes["dart"].trace.output_ids
-    assert saved["dart"].settings["lane_time_s"] == pytest.approx(lanes["dart"].own_time, abs=1e-5)
+    assert saved["dart"].settings.own_time_s == pytest.approx(lanes["dart"].own_time, abs=1e-5)
     assert all(t in saved["dart"].token_text for t in saved["dart"].mentioned_tokens())   # replayable alone
 
 
@@ -227,7 +227,7 @@ def test_upload_replays_saved_traces(tmp_path):
     assert out["step"]["maximum"] == len(traces["dart"].steps) - 1
     assert out["tree"].layout.title.text.startswith(f"Step {len(traces['dart'].steps) - 1}:")
     assert out["lane"]["value"] == "dart"
-    assert out["wi_node_budget"] == traces["dart"].settings["search"]["node_budget"]
+    assert out["wi_node_budget"] == traces["dart"].settings.search.node_budget
 
 
 @pytest.mark.parametrize("content, expect", [
@@ -272,7 +272,7 @@ def test_follow_tokens():
 def test_what_if_same_knobs_reproduces_the_recorded_step():
     trace = hand_trace()
     step = trace.steps[1]
-    cfg = SearchConfig.from_dict(trace.settings["search"])
+    cfg = trace.settings.search
     result = what_if(trace, 1, cfg, hand_ngram(), frozenset({2}))
     assert result.how == REPLAYED
     assert result.tree.tokens == step.tree.tokens and result.tree.parents == step.tree.parents
@@ -282,7 +282,7 @@ def test_what_if_same_knobs_reproduces_the_recorded_step():
 
 
 def test_what_if_callback_without_model(tmp_path):
-    cb = Callbacks(Engine(ngram=hand_ngram()), tmp_path)
+    cb = Callbacks(Engine(replay_ngram=hand_ngram()), tmp_path)
     session = Session()
     session.new_run([replay_lane(hand_trace())])
     out = cb.what_if(session, "dart", 1, 1, 2, 3, 0.5, 0.7, 0.9)
@@ -304,8 +304,8 @@ def test_what_if_verified_by_the_model_matches_the_greedy_replay(cb):
     for index in range(1, len(trace.steps)):
         for budget in (3, 30):
             cfg = SearchConfig(node_budget=budget, beam_width=4, topk=6)
-            verified = what_if(trace, index, cfg, engine.ngram, engine.stop_ids, engine.verifier(SamplingConfig()))
-            replayed = what_if(trace, index, cfg, engine.ngram, engine.stop_ids)
+            verified = what_if(trace, index, cfg, engine.ngram, engine.loaded.stop_ids, engine.verifier(SamplingConfig()))
+            replayed = what_if(trace, index, cfg, engine.ngram, engine.loaded.stop_ids)
             assert verified.how == VERIFIED and replayed.how == REPLAYED
             assert verified.path == replayed.path
             if replayed.bonus is not None:
@@ -368,13 +368,13 @@ def test_lookup_branch_option_grafts_prompt_lookup_onto_darts_trees(cb):
     run_all(cb, session, *run_args("ab ab ab ab ab ab", max_new_tokens=16), False, True)
     dart, plain = session.lanes["dart"].trace, session.lanes["vanilla"].trace
     assert dart.output_ids == plain.output_ids                         # still lossless
-    assert dart.method == "dart" and dart.settings["lookup_branch"] is True
+    assert dart.method == "dart_pld" and dart.settings.lookup_tokens == 5
     step = next((s for s in dart.steps[1:] if s.lookup_nodes), None)
     assert step is not None, "no step got a prompt-lookup branch"
     branch = [step.tree.tokens[n] for n in step.tree.path_to(max(step.lookup_nodes))[1:]]
     # what-if reruns only the search: the recorded branch is still a whole path of the new tree
     again = what_if(dart, step.index, SearchConfig(node_budget=1, beam_width=4, topk=6), cb.engine.ngram,
-                    cb.engine.stop_ids, cb.engine.verifier(SamplingConfig()))
+                    cb.engine.loaded.stop_ids, cb.engine.verifier(SamplingConfig()))
     path, _ = follow_tokens(again.tree, branch + [-1])
     assert len(path) - 1 == len(branch) and again.lookup_nodes
     assert len(again.tree) - 1 <= 1 + len(branch)

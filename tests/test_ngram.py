@@ -51,7 +51,7 @@ def test_counts_and_lookup_match_naive_model():
     for order in (2, 3, 4):
         m = NGramModel.build(streams, vocab_size=12, order=order)
         counts = naive_counts(streams, order)
-        assert m.num_tokens == sum(len(s) for s in streams)
+        assert int(m.counts[0].sum()) == sum(len(s) for s in streams)
         for _ in range(200):
             ctx = [rng.randrange(12) for _ in range(rng.randrange(1, order + 1))]
             toks = [rng.randrange(12) for _ in range(5)]
@@ -73,19 +73,14 @@ def test_batched_lookup_equals_single():
         assert np.array_equal(p[b], pb) and np.array_equal(match[b], mb)
 
 
-def test_save_load_round_trip_and_merge(tmp_path):
+def test_save_load_round_trip(tmp_path):
     a = NGramModel.build([[1, 2, 3, 2, 3]], vocab_size=50, order=3)
-    b = NGramModel.build([[2, 3, 4]], vocab_size=50, order=3)
     path = tmp_path / "ng.npz"
     a.save(path)
     loaded = NGramModel.load(path)
     assert loaded.order == 3 and loaded.vocab_size == 50
     for k in range(3):
         assert np.array_equal(loaded.keys[k], a.keys[k]) and np.array_equal(loaded.counts[k], a.counts[k])
-    both = a.merged_with(b)
-    direct = NGramModel.build([[1, 2, 3, 2, 3], [2, 3, 4]], vocab_size=50, order=3)
-    for k in range(3):
-        assert np.array_equal(both.keys[k], direct.keys[k]) and np.array_equal(both.counts[k], direct.counts[k])
 
 
 def test_bad_input(tmp_path):

@@ -9,8 +9,8 @@ import torch
 from dart_core.decoding import GenerationConfig, run
 from dart_core.draft_head import DraftHead, DraftHeadError
 from dart_core.proposers import DartProposer, HeadDrafter
-from dart_core.train import Trainer, TrainConfig, choose_draft_vocab, sequence_batch
-from dart_core.train_data import sequence_example
+from dart_core.training.trainer import Trainer, TrainConfig, choose_draft_vocab, sequence_batch
+from dart_core.training.data import sequence_example
 from tests.tiny import plain_greedy_reference, tiny_target
 
 
@@ -181,7 +181,7 @@ def test_a_run_started_from_a_trained_head_keeps_it_and_its_training_time(data, 
 
 
 def test_stdlib_functions_become_humaneval_style_sequences(tmp_path):
-    from dart_core.train_data import documented_functions, stdlib_code_sequences
+    from dart_core.training.data import documented_functions, stdlib_code_sequences
 
     lib = tmp_path / "lib"
     (lib / "pkg").mkdir(parents=True)
@@ -212,9 +212,9 @@ def test_stdlib_functions_become_humaneval_style_sequences(tmp_path):
 
 
 def test_init_from_a_folder_that_is_no_head_or_fits_another_model_is_a_clear_error(data, tmp_path):
-    from dart_core.cli import CliError
+    from dart_core.tools.args import CliError
     from dart_core.draft_head import DraftConfig
-    from dart_core.train_cli import _starting_head
+    from dart_core.tools.train import _starting_head
 
     target, _ = data
     with pytest.raises(CliError, match=r"--init-from .*: no config.json in .*not a draft head folder"):

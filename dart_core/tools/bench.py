@@ -43,6 +43,21 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import torch
+import transformers
+from tqdm import tqdm
+
+from ..acceptance import SamplingConfig, is_greedy
+from ..decoding import GenerationConfig, cut_at_stop, generate
+from ..metrics import Metrics
+from ..setup.chat import encode_prompt
+from ..setup.datasets import WORKLOADS, read_prompt_file
+from ..setup.defaults import DEFAULT_HEAD
+from ..setup.files import check_writable
+from ..setup.loading import load_target, make_proposer, stop_ids
+from ..setup.ngram_tables import ensure_default_ngram
+from .args import CliError, add_model_args, add_search_args, search_config_from
+
 BENCH_FORMAT = "dart-lab-bench/1"
 RUNS_FORMAT = "dart-lab-bench-runs/1"
 METHODS = ("hf_generate", "vanilla", "hf_pld", "pld", "dart", "dart_pld")
@@ -64,7 +79,7 @@ def parse_methods(value: str) -> list[str]:
     methods = _split(value)
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
-        raise ValueError(f"unknown method(s) {', '.join(bad) or '(none)'}; use a comma list of {', '.join(METHODS)}")
+        raise CliError(f"unknown method(s) {', '.join(bad) or '(none)'}; use a comma list of {', '.join(METHODS)}")
     return list(dict.fromkeys(methods))
 
 
@@ -72,10 +87,10 @@ def parse_dtypes(value: str) -> list[str]:
     dtypes = []
     for d in _split(value):
         if d not in DTYPE_NAMES:
-            raise ValueError(f"unknown dtype {d!r}; use a comma list of fp32, bf16, fp16")
+            raise CliError(f"unknown dtype {d!r}; use a comma list of fp32, bf16, fp16")
         dtypes.append(DTYPE_NAMES[d])
     if not dtypes:
-        raise ValueError("--dtype is empty")
+        raise CliError("--dtype is empty")
     return list(dict.fromkeys(dtypes))
 
 
@@ -85,12 +100,12 @@ def parse_temperatures(value: str) -> list[float]:
         try:
             x = float(t)
         except ValueError:
-            raise ValueError(f"bad temperature {t!r}; use a comma list of numbers (0 = greedy)") from None
+            raise CliError(f"bad temperature {t!r}; use a comma list of numbers (0 = greedy)") from None
         if not x >= 0:
-            raise ValueError(f"temperature must be >= 0, got {t}")
+            raise CliError(f"temperature must be >= 0, got {t}")
         temps.append(x)
     if not temps:
-        raise ValueError("--temperature is empty")
+        raise CliError("--temperature is empty")
     return list(dict.fromkeys(temps))
 
 
@@ -107,13 +122,12 @@ class BenchPrompt:
 
 def load_prompts(workloads: list[str], prompt_file: str | None, limit: int | None) -> tuple[list[BenchPrompt], dict]:
     """Prompts of each workload (at most `limit` each), and a per-workload summary (counts, skipped lines)."""
-    from .datasets import WORKLOADS, read_prompt_file
 
     prompts: list[BenchPrompt] = []
     info: dict[str, dict] = {}
     for name in workloads:
         if name not in WORKLOADS:
-            raise ValueError(f"unknown workload {name!r}; use a comma list of {', '.join(WORKLOADS)}")
+            raise CliError(f"unknown workload {name!r}; use a comma list of {', '.join(WORKLOADS)}")
         items = WORKLOADS[name]()[:limit]
         prompts += [BenchPrompt(p.id, name, p.text, p.raw, index=i) for i, p in enumerate(items)]
         info[name] = {"prompts": len(items), "skipped": 0}
@@ -168,7 +182,6 @@ class Cell:
     divergences: list = field(default_factory=list)
 
     def add(self, run: Run, cmp_all: dict[str, int | None]) -> None:
-        from .metrics import Metrics
 
         self.prompts += 1
         self.tokens += len(run.output)
@@ -242,13 +255,6 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def cut_at_stop(ids: list[int], stops, max_new: int) -> list[int]:
-    for i, t in enumerate(ids):
-        if t in stops:
-            return ids[: min(i + 1, max_new)]
-    return ids[:max_new]
-
-
 # ---------------------------------------------------------------------------------------------------- the runs file
 IDENT_KEYS = ("workload", "index", "id", "raw", "sha256")
 
@@ -270,7 +276,7 @@ def ident_tuple(ident: dict) -> tuple:
 
 def run_key(ident: dict, dtype: str, temperature: float, method: str, seed: int | None) -> tuple:
     # greedy decoding ignores the seed; a sampled run depends on it (it follows the prompt's place in the set)
-    return (dtype, float(temperature), method, seed if temperature > 1e-5 else None, *ident_tuple(ident))
+    return (dtype, float(temperature), method, None if is_greedy(temperature) else seed, *ident_tuple(ident))
 
 
 def key_of(run: Run) -> tuple:
@@ -288,7 +294,6 @@ def run_to_dict(run: Run) -> dict:
 
 def run_from_dict(d: dict, prompt: BenchPrompt) -> Run:
     """The run of a runs-file record, attached to `prompt` (the same prompt of this session)."""
-    from .metrics import Metrics
 
     m = d["metrics"]
     return Run(prompt, d["method"], d["dtype"], d["temperature"], list(d["output"]), d["seconds"],
@@ -298,10 +303,7 @@ def run_from_dict(d: dict, prompt: BenchPrompt) -> Run:
 def resume_settings(args, ngram: str, search_cfg) -> dict:
     """What a resumed benchmark must share with the runs it continues: everything that changes outputs or speed.
     Methods, dtypes, temperatures and prompts may differ: runs are matched one by one."""
-    import torch
-    import transformers
 
-    from .loading import DEFAULT_HEAD
 
     return {"model": args.model, "draft": args.draft, "ngram": ngram, "device": args.device,
             "max_new_tokens": args.max_new_tokens, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed,
@@ -340,7 +342,6 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def check_settings(old: dict, new: dict, path) -> None:
     """Resuming under other settings would mix runs that do not compare: name the first setting that differs."""
-    from .cli import CliError
 
     old, new = _flat(old), _flat(json.loads(json.dumps(new)))     # compare as read back (tuples become lists)
     for key in dict.fromkeys([*new, *old]):
@@ -369,7 +370,6 @@ class RunsFile:
 
     def _read(self, settings: dict) -> bool:
         """Load the records of an earlier session; False when the file holds none (start afresh)."""
-        from .cli import CliError
 
         text = self.path.read_text(encoding="utf-8", errors="replace")
         good, bad = [], 0
@@ -454,7 +454,7 @@ def complete_runs(done: dict, dtypes, prompts, temps, methods, seed: int) -> lis
                 group = {m: done.get(run_key(ident, dtype, t, m, seed + i)) for m in methods}
                 if None in group.values():
                     continue          # cut short mid-prompt: its finished runs wait in the runs file
-                if t <= 1e-5:
+                if is_greedy(t):
                     compare_to_reference(group)
                 runs.extend(group.values())
     return runs
@@ -473,18 +473,16 @@ class Runner:
     """Decodes one prompt with one method on a loaded target, timing the whole call."""
 
     def __init__(self, target, proposers: dict, stops, args):
-        import torch
 
         self.target, self.proposers, self.stops, self.args = target, proposers, frozenset(stops), args
         self.cuda = target.device.type == "cuda"
-        self.torch = torch
         tok = target.tokenizer
         pad = getattr(tok, "pad_token_id", None) if tok is not None else None
         self.pad_id = pad if pad is not None else min(self.stops) if self.stops else 0
 
     def _sync(self):
         if self.cuda:
-            self.torch.cuda.synchronize()
+            torch.cuda.synchronize()
 
     def run(self, method: str, prompt: BenchPrompt, temperature: float, seed: int, max_new: int) -> Run:
         if method in HF_METHODS:
@@ -492,9 +490,6 @@ class Runner:
         return self._run_ours(method, prompt, temperature, seed, max_new)
 
     def _run_ours(self, method, prompt, temperature, seed, max_new) -> Run:
-        from .acceptance import SamplingConfig
-        from .decoding import GenerationConfig, generate
-        from .metrics import Metrics
 
         a = self.args
         cfg = GenerationConfig(max_new, SamplingConfig(temperature, a.top_p, a.top_k, seed), stop_ids=self.stops)
@@ -513,14 +508,13 @@ class Runner:
                    metrics=metrics, stop=stop)
 
     def _run_hf(self, method, prompt, temperature, seed, max_new) -> Run:
-        torch = self.torch
         a = self.args
         model = self.target.model
         device = self.target.device
         ids = torch.tensor([prompt.ids], dtype=torch.long, device=device)
         kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
                       eos_token_id=sorted(self.stops), pad_token_id=self.pad_id)
-        if temperature <= 1e-5:
+        if is_greedy(temperature):
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         else:
             kwargs.update(do_sample=True, temperature=temperature, top_p=a.top_p, top_k=a.top_k)
@@ -551,10 +545,7 @@ class Runner:
 # ---------------------------------------------------------------------------------------------------- the run
 def run_bench(args) -> dict:
     """Run the benchmark described by parsed CLI `args`; print the table, write the JSON, return the report."""
-    import torch
 
-    from .cli import CliError, search_config_from
-    from .ngram_build import check_writable, ensure_default_ngram
 
     methods = parse_methods(args.methods)
     dtypes = parse_dtypes(args.dtype)
@@ -593,11 +584,7 @@ def run_bench(args) -> dict:
 
 
 def _run(args, methods, dtypes, temps, search_cfg, out_path, prompts, workload_info, ngram, progress) -> dict:
-    import torch
-    import transformers
-    from tqdm import tqdm
 
-    from .loading import encode_prompt, load_target, make_proposer, stop_ids
 
     started = time.time()
     runs_file = RunsFile(runs_path(out_path), resume_settings(args, ngram, search_cfg), args.resume)
@@ -621,7 +608,7 @@ def _run(args, methods, dtypes, temps, search_cfg, out_path, prompts, workload_i
             keep = []
             for p in prompts:
                 if not p.ids:
-                    p.ids = encode_prompt(target, p.text, raw=p.raw)
+                    p.ids = encode_prompt(target.tokenizer, p.text, raw=p.raw)
                 if len(p.ids) + args.max_new_tokens > target.max_positions:
                     reason = (f"{p.id}: prompt of {len(p.ids)} tokens + max new tokens exceeds the context of "
                               f"{target.max_positions}")
@@ -789,7 +776,6 @@ def cmd_bench(args) -> int:
 
 
 def add_bench_args(p) -> None:
-    from .cli import add_model_args, add_search_args
 
     add_model_args(p)
     # --dtype takes a comma list here (the parser resolves the conflict with add_model_args' single choice).

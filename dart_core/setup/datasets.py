@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import DartError
 
-class DatasetError(RuntimeError):
-    pass
+
+class DatasetError(DartError):
+    """A data set package that is not installed, or a prompt file that cannot be read."""
 
 
 @dataclass

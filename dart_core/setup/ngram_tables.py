@@ -1,4 +1,4 @@
-"""Building the n-gram table DART's tree search uses: `python -m dart_core ngram build ...`.
+"""Building the n-gram tables DART's tree search uses (the command: `python -m dart_core ngram build ...`).
 
 Sources, tokenized with the target's tokenizer:
 - `sharegpt`: every ShareGPT conversation (all turns), rendered whole in the model's chat template
@@ -18,17 +18,22 @@ counts, are kept whole), which shrinks the file a lot at a small cost in hits.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
+from transformers import AutoConfig, AutoTokenizer
 
-from .ngram import NGramError, NGramModel
+from ..ngram import NGramError, NGramModel
+from .chat import chat_text
+from .datasets import iter_sharegpt
+from .defaults import DEFAULT_NGRAM, cache_root
+from .files import check_writable, write_atomic
+from .models import ModelLoadError, resolve_model_path
 
 DEFAULT_ORDER = 3
 DEFAULT_MIN_COUNT = 1        # keep everything (see the size table in the report / docs)
@@ -163,12 +168,8 @@ def read_generated(path: Path, limit: int | None = None) -> tuple[list[list[dict
 
 
 def render(tokenizer, record: list[dict] | str) -> str:
-    """A conversation in the chat template (plain concatenation of turns when the tokenizer has none)."""
-    if isinstance(record, str):
-        return record
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(record, tokenize=False)
-    return "\n\n".join(t["content"] for t in record)
+    """A record as text: a bare text as it is, a conversation in the chat template."""
+    return record if isinstance(record, str) else chat_text(tokenizer, record)
 
 
 def tokenize_records(tokenizer, records: Sequence[list[dict] | str], batch: int = TOKENIZE_BATCH,
@@ -186,10 +187,6 @@ def build_table(tokenizer, vocab_size: int, sources: Sequence[tuple[str, Path | 
                 limit: int | None = None, min_count: int = DEFAULT_MIN_COUNT,
                 progress: bool = True) -> tuple[NGramModel, BuildStats]:
     """Tokenize every source with `tokenizer` and count its n-grams. `limit`: records per source at most."""
-    from tqdm import tqdm
-
-    from .datasets import iter_sharegpt
-
     t0 = time.perf_counter()
     stats = BuildStats()
     loaded: list[tuple[str, list]] = []
@@ -236,43 +233,13 @@ def build_table(tokenizer, vocab_size: int, sources: Sequence[tuple[str, Path | 
 
 
 # ---------------------------------------------------------------------------------------------------- output
-def check_writable(path) -> Path:
-    """Fail fast (before a minutes-long build) when `path` cannot be written; returns it as a Path."""
-    out = Path(path)
-    if out.is_dir():
-        raise OSError(f"cannot write the output to {out}: it is a folder")
-    parent = out.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".write-test-"):
-            pass
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise OSError(f"cannot write the output to {out}: {reason} ({parent})") from None
-    return out
-
-
 def save_atomic(model: NGramModel, path) -> int:
-    """Write through a temporary file in the same folder and rename, so no half-written table is ever seen.
-    Returns the file size in bytes."""
-    out = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        model.save(tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out.stat().st_size
+    """Write the table so that no half-written file is ever seen. Returns the file size in bytes."""
+    return write_atomic(path, model.save)
 
 
 def load_tokenizer_and_vocab(model: str):
     """The target's tokenizer and vocabulary size (from its config: no weights are loaded)."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from .models import ModelLoadError, resolve_model_path
-
     path = resolve_model_path(model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -284,17 +251,12 @@ def load_tokenizer_and_vocab(model: str):
 
 
 def default_cache_path() -> Path:
-    from .loading import DEFAULT_NGRAM
-    from .models import cache_root
-
     return cache_root() / DEFAULT_NGRAM.name
 
 
 def ensure_default_ngram(progress: bool = True) -> Path:
     """The default n-gram table: the shipped `assets/smollm2-ngram3.npz` if present, else a copy built from
     ShareGPT with the default model's tokenizer into the user cache (once, about a minute, with a progress bar)."""
-    from .loading import DEFAULT_NGRAM
-
     if DEFAULT_NGRAM.is_file():
         return DEFAULT_NGRAM
     out = default_cache_path()
@@ -307,58 +269,3 @@ def ensure_default_ngram(progress: bool = True) -> Path:
                            min_count=DEFAULT_MIN_COUNT, progress=progress)
     save_atomic(model, out)
     return out
-
-
-# ---------------------------------------------------------------------------------------------------- CLI
-def table_summary(model: NGramModel) -> str:
-    return ", ".join(f"{k + 1}-grams {model.keys[k].size:,}" for k in range(model.order))
-
-
-def cmd_ngram_build(args) -> int:
-    from .cli import CliError
-
-    if args.order < 2:
-        raise CliError(f"--order must be at least 2, got {args.order}")
-    if args.limit is not None and args.limit < 1:
-        raise CliError(f"--limit must be >= 1, got {args.limit}")
-    if args.min_count < 1:
-        raise CliError(f"--min-count must be >= 1, got {args.min_count}")
-    sources = parse_sources(args.sources)
-    out = check_writable(args.out)
-    tokenizer, vocab = load_tokenizer_and_vocab(args.model)
-    if max(1, int(vocab - 1).bit_length()) * args.order > 64:
-        raise CliError(f"order {args.order} with a vocabulary of {vocab} does not fit in 64-bit keys")
-    model, stats = build_table(tokenizer, vocab, sources, args.order, args.limit, args.min_count,
-                               progress=not args.no_progress)
-    t = time.perf_counter()
-    size = save_atomic(model, out)
-    save_s = time.perf_counter() - t
-    result = {"out": str(out), "bytes": size, "order": model.order, "vocab_size": model.vocab_size,
-              "ngrams": [int(k.size) for k in model.keys], "min_count": args.min_count, **stats.to_dict(),
-              "save_seconds": round(save_s, 2)}
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"wrote {out} ({size / 1e6:.1f} MB): order {model.order}, {stats.tokens:,} tokens from "
-              f"{stats.streams:,} streams; {table_summary(model)}"
-              + (f"; dropped {stats.pruned_top:,} top-order n-grams seen < {args.min_count} times"
-                 if args.min_count > 1 else "")
-              + f"; {stats.seconds + save_s:.0f} s")
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("ngram", help="n-gram tables for DART's tree search")
-    nsub = p.add_subparsers(dest="ngram_command", required=True)
-    b = nsub.add_parser("build", help="count n-grams of ShareGPT (and generated text) with the target tokenizer")
-    b.add_argument("--model", default="default", help="whose tokenizer: 'default' or a transformers folder")
-    b.add_argument("--order", type=int, default=DEFAULT_ORDER)
-    b.add_argument("--out", required=True, help="the .npz file to write")
-    b.add_argument("--sources", default=DEFAULT_SOURCES,
-                   help="comma list of 'sharegpt' and 'generated:FILE.jsonl' (lines with a 'text' field)")
-    b.add_argument("--limit", type=int, default=None, help="records per source at most")
-    b.add_argument("--min-count", type=int, default=DEFAULT_MIN_COUNT,
-                   help="drop top-order n-grams seen fewer times (2 drops the singletons: a much smaller file)")
-    b.add_argument("--no-progress", action="store_true")
-    b.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    b.set_defaults(handler=cmd_ngram_build)

@@ -1,0 +1,34 @@
+"""Where the shipped assets and the user cache are, and the defaults measured for them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..tree_search import SearchConfig
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+DEFAULT_HEAD = ASSETS / "smollm2-dart-head"
+DEFAULT_NGRAM = ASSETS / "smollm2-ngram3.npz"
+# On a CPU a verify forward grows with the tree (fp32: 61 nodes cost ~3.5 single-token steps), so the reference's
+# 60-node trees lose; 8 nodes won the sweep in docs/tree-sweep.md in both dtypes. Elsewhere: the reference's 60.
+CPU_NODE_BUDGET = 8
+# dart_pld's prompt-lookup branch: 5 copied tokens raised tau from 1.45 to 1.99 on HumanEval and 1.48 to 1.62 on
+# MT-bench (5 + 5 prompts, 64 tokens, fp32) for 1-3 more nodes a step; 10 gained little more for twice the nodes.
+LOOKUP_TOKENS = 5
+# Prompt lookup as a method of its own (and transformers' prompt lookup in the bench): its defaults.
+PLD_TOKENS, PLD_NGRAM = 10, 3
+# End-of-turn tokens of common chat templates: generation stops on any of them.
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<end_of_turn>")
+
+
+def default_search_config(device: str = "cpu") -> SearchConfig:
+    """The reference's knobs, with the node budget measured for CPUs when running on one."""
+    return SearchConfig(node_budget=CPU_NODE_BUDGET) if str(device).startswith("cpu") else SearchConfig()
+
+
+def cache_root() -> Path:
+    """Where derived files (the safetensors copy of the default model, built n-gram tables) are cached."""
+    base = os.environ.get("DART_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dart-lab")
+    return Path(base)

@@ -1,0 +1,162 @@
+"""Turning user-level names ("default", a folder, "random", "none") into a target, a draft head, an n-gram table and
+proposers; and the one place a run's settings are written into its trace.
+
+The CLI, the benchmark and the app all build their decoding pieces here, so they behave the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..acceptance import SamplingConfig
+from ..draft_head import DraftConfig, DraftHead, DraftHeadError
+from ..context_ngram import ContextNGram
+from ..errors import DartError
+from ..methods import DART_PLD, METHODS, PLD, VANILLA, uses_head
+from ..ngram import NGramModel
+from ..proposers import DartProposer, HeadDrafter, PromptLookupProposer, Proposer, VanillaProposer
+from ..target import TargetModel
+from ..trace import RunSettings, Trace
+from ..tree_search import SearchConfig
+from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
+from .models import DEFAULT_MODEL, ModelLoadError, load_model_and_tokenizer, parse_dtype
+from .ngram_tables import ensure_default_ngram
+
+
+class SetupError(DartError):
+    """Pieces that do not fit together (a table for another vocabulary, DART without a head, ...)."""
+
+
+def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "fp32") -> TargetModel:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here")
+    parse_dtype(dtype)  # a clear error before the slow load
+    hf_model, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
+    return TargetModel(hf_model, tokenizer)
+
+
+def stop_ids(target: TargetModel) -> frozenset[int]:
+    ids: set[int] = set()
+    eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
+    for value in (eos, target.config.eos_token_id, getattr(target.tokenizer, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    tok = target.tokenizer
+    if tok is not None:
+        vocab = tok.get_vocab()
+        ids.update(vocab[t] for t in END_OF_TURN if t in vocab)
+    return frozenset(ids)
+
+
+def load_draft(spec: str | None, target: TargetModel, n_mask: int = 4, seed: int = 0) -> DraftHead:
+    """'default' -> the shipped head; 'random' -> a seeded untrained head; else a head folder."""
+    if spec in (None, "", "default"):
+        if not (DEFAULT_HEAD / "config.json").is_file():
+            raise DraftHeadError(f"no trained head shipped at {DEFAULT_HEAD}; pass --draft random or a head folder")
+        spec = str(DEFAULT_HEAD)
+    if spec == "random":
+        head = DraftHead.random(DraftConfig.for_target(target.config, n_mask=n_mask), seed=seed)
+    else:
+        head = DraftHead.load(spec)
+    head.check_target(target)
+    return head.to(device=target.device, dtype=target.dtype)
+
+
+def load_ngram(spec: str | None) -> NGramModel | None:
+    """'none' -> no n-gram term; 'default' -> the default model's table (shipped, cached, or built once);
+    else an .npz file."""
+    if spec in (None, "", "none"):
+        return None
+    if spec == "default":
+        return NGramModel.load(ensure_default_ngram())
+    return NGramModel.load(spec)
+
+
+def check_ngram_fits(table, target: TargetModel) -> None:
+    if table is not None and table.vocab_size != target.vocab_size:
+        raise SetupError(f"the n-gram table has a vocabulary of {table.vocab_size}, the target {target.vocab_size}")
+
+
+def build_proposer(method: str, target: TargetModel, head: DraftHead | None = None, table: NGramModel | None = None,
+                   search_config: SearchConfig | None = None, pld_tokens: int = PLD_TOKENS, pld_ngram: int = PLD_NGRAM,
+                   context_weight: float = 0.0, lookup_tokens: int | None = None) -> Proposer:
+    """A proposer from pieces already loaded (the app loads them once and builds a proposer per run).
+    context_weight > 0 adds the prompt's and the output's own n-grams to the table (ContextNGram);
+    lookup_tokens is the length of dart_pld's prompt-lookup branch (None: LOOKUP_TOKENS)."""
+    if method == VANILLA:
+        return VanillaProposer()
+    if method == PLD:
+        return PromptLookupProposer(max_ngram=pld_ngram, num_tokens=pld_tokens)
+    if uses_head(method):
+        if head is None:
+            raise SetupError("DART needs a draft head")
+        check_ngram_fits(table, target)
+        if context_weight > 0:
+            table = ContextNGram(table, weight=context_weight)
+        lookup = (PromptLookupProposer(max_ngram=pld_ngram, num_tokens=lookup_tokens or LOOKUP_TOKENS)
+                  if method == DART_PLD else None)
+        return DartProposer(HeadDrafter(head, target), search_config, table, eos_ids=stop_ids(target), lookup=lookup)
+    raise SetupError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+
+
+def make_proposer(method: str, target: TargetModel, draft: str | None = "default", ngram: str | None = "default",
+                  search_config: SearchConfig | None = None, pld_tokens: int = PLD_TOKENS, pld_ngram: int = PLD_NGRAM,
+                  context_weight: float = 0.0, lookup_tokens: int | None = None) -> Proposer:
+    """Load what `method` needs (draft head, n-gram table) by name and build its proposer."""
+    head = load_draft(draft, target) if uses_head(method) else None
+    table = load_ngram(ngram) if uses_head(method) else None
+    return build_proposer(method, target, head, table, search_config, pld_tokens, pld_ngram, context_weight,
+                          lookup_tokens)
+
+
+@dataclass
+class Loaded:
+    """A target with the draft head and n-gram table DART needs (None where not loaded), the names they were loaded
+    by, and the target's stop ids."""
+    target: TargetModel
+    head: DraftHead | None = None
+    table: NGramModel | None = None
+    model: str = "default"
+    draft: str | None = None
+    ngram: str | None = None
+    device: str = "cpu"
+    dtype: str = "fp32"
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        return stop_ids(self.target)
+
+    def proposer(self, method: str, search: SearchConfig | None = None, lookup_tokens: int | None = None,
+                 context_weight: float = 0.0) -> Proposer:
+        return build_proposer(method, self.target, self.head, self.table, search, context_weight=context_weight,
+                              lookup_tokens=lookup_tokens)
+
+    def new_trace(self, method: str, prompt_ids: list[int], prompt_text: str, sampling: SamplingConfig,
+                  search: SearchConfig | None, max_new_tokens: int, lookup_tokens: int | None = None,
+                  context_weight: float = 0.0) -> Trace:
+        """An empty trace of a run of `method` with these settings: what every trace records of how it was made."""
+        head = uses_head(method)
+        settings = RunSettings(
+            model=self.model, draft=self.draft if head else None, ngram=self.ngram if head else None,
+            device=self.device, dtype=self.dtype, sampling=sampling, search=search if head else None,
+            max_new_tokens=max_new_tokens, stop_ids=sorted(self.stop_ids),
+            lookup_tokens=(lookup_tokens or LOOKUP_TOKENS) if method == DART_PLD else None,
+            ngram_context_weight=context_weight if head else 0.0)
+        trace = Trace(method=method, prompt_ids=list(prompt_ids), prompt_text=prompt_text, settings=settings)
+        trace.name_tokens(self.target.tokenizer, prompt_ids)
+        return trace
+
+
+def load(model: str = DEFAULT_MODEL, draft: str | None = "default", ngram: str | None = "default",
+         device: str = "cpu", dtype: str = "fp32", with_head: bool = True) -> Loaded:
+    """Load the target and, with_head, the draft head and the n-gram table, all by name."""
+    target = load_target(model, device, dtype)
+    if not with_head:
+        return Loaded(target, model=model, device=device, dtype=dtype)
+    head, table = load_draft(draft, target), load_ngram(ngram)
+    check_ngram_fits(table, target)
+    return Loaded(target, head, table, model, draft, ngram, device, dtype)

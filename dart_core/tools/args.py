@@ -1,0 +1,66 @@
+"""What several commands share: the argument parser that exits with one line, the model and search arguments, and
+the error a bad argument raises."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import DartError
+from ..methods import METHODS
+from ..setup.defaults import default_search_config
+from ..tree_search import SearchConfig
+
+DTYPE_CHOICES = ["fp32", "bf16", "fp16", "float32", "bfloat16", "float16"]
+
+
+class CliError(DartError):
+    """A bad command-line argument."""
+
+
+class Parser(argparse.ArgumentParser):
+    """Bad arguments end with one line on stderr and exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a transformers folder, "
+                                                      "or a hub id where the hub is reachable")
+    p.add_argument("--draft", default="default", help="'default' (the shipped head), 'random', or a head folder")
+    p.add_argument("--ngram", default="default", help="'default', 'none', or an n-gram .npz file")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="fp32", choices=DTYPE_CHOICES)
+
+
+def add_method_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", default="dart", choices=list(METHODS),
+                   help="dart_pld: DART's tree plus prompt lookup's continuation as one more branch")
+
+
+def add_search_args(p: argparse.ArgumentParser) -> None:
+    d = SearchConfig()
+    g = p.add_argument_group("tree search knobs")
+    g.add_argument("--node-budget", type=int, default=None,
+                   help="draft tree nodes besides the root (default: 8 on CPU, measured; 60 elsewhere)")
+    g.add_argument("--beam-width", type=int, default=d.beam_width)
+    g.add_argument("--topk-per-row", type=int, default=d.topk, help="candidates per draft row")
+    g.add_argument("--ngram-weight", type=float, default=d.ngram_weight)
+    g.add_argument("--level-exponent", type=float, default=d.level_exponent, help="level weight (l+1)^-x")
+    g.add_argument("--logit-decay", type=float, default=d.logit_decay, help="logit weight decay^l")
+    g.add_argument("--ngram-context-weight", type=float, default=0.0,
+                   help="also count the prompt's and output's own n-grams, with this weight (0 = static table only)")
+    g.add_argument("--lookup-tokens", type=int, default=None,
+                   help="dart_pld: tokens in the prompt-lookup branch added to DART's tree (default: 5, measured)")
+
+
+def search_config_from(args) -> SearchConfig:
+    lookup_tokens = getattr(args, "lookup_tokens", None)
+    if lookup_tokens is not None and lookup_tokens < 1:
+        raise CliError("--lookup-tokens must be at least 1")
+    budget = args.node_budget
+    if budget is None:
+        budget = default_search_config(getattr(args, "device", "cpu")).node_budget
+    return SearchConfig(topk=args.topk_per_row, beam_width=args.beam_width, node_budget=budget,
+                        level_exponent=args.level_exponent, logit_decay=args.logit_decay,
+                        ngram_weight=args.ngram_weight).validate()
