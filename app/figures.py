@@ -13,6 +13,7 @@ import networkx as nx
 import numpy as np
 import plotly.graph_objects as go
 
+from dart_core.methods import DART, PLD, VANILLA
 from dart_core.metrics import Metrics
 from dart_core.trace import PHASES, Trace
 from dart_core.tree import TokenTree
@@ -33,8 +34,8 @@ NAMES = {ROOT: "root (previous step's token)", ACCEPTED: "accepted draft", REJEC
 FATE_TEXT = {ACCEPTED: "accepted", REJECTED: "verified, rejected", ROOT: "root", BONUS: "bonus (target's own)",
              PRUNED_BUDGET: "pruned (node budget)", PRUNED_BEAM: "pruned (beam cut)",
              PRUNED_NGRAM: "pruned (unseen n-gram)"}
-LANE_COLORS = {"vanilla": "#78909c", "dart": "#ef6c00", "pld": "#7e57c2"}
-LANE_NAMES = {"vanilla": "plain", "dart": "DART", "pld": "prompt lookup"}
+LANE_COLORS = {VANILLA: "#78909c", DART: "#ef6c00", PLD: "#7e57c2"}
+LANE_NAMES = {VANILLA: "plain", DART: "DART", PLD: "prompt lookup"}
 PHASE_COLORS = {"prefill": "#90a4ae", "draft": "#ffb74d", "search": "#ba68c8", "verify": "#4fc3f7",
                 "accept": "#aed581"}
 MAX_PRUNED = 120
@@ -311,7 +312,7 @@ def accepted_length_figure(traces: dict[str, Trace]) -> go.Figure:
     fig = go.Figure()
     for lane, trace in traces.items():
         steps = _verify_steps(trace)
-        if not steps or lane == "vanilla":
+        if not steps or lane == VANILLA:
             continue
         fig.add_trace(go.Bar(x=[s.index for s in steps], y=[s.accepted for s in steps],
                              name=LANE_NAMES.get(lane, lane), marker_color=LANE_COLORS.get(lane),
@@ -328,7 +329,7 @@ def acceptance_by_position_figure(traces: dict[str, Trace]) -> go.Figure:
     """Per depth d: the share of steps that accepted at least d drafts (bars) and the conditional rate (line)."""
     fig = go.Figure()
     for lane, trace in traces.items():
-        if lane == "vanilla":
+        if lane == VANILLA:
             continue
         m = Metrics.from_steps(trace.steps)
         if not m.verify_steps:

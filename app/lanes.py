@@ -8,12 +8,14 @@ within one step.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+from dart_core.errors import DartError
 from dart_core.methods import DART, DART_PLD, PLD, VANILLA
 from dart_core.metrics import Metrics
 from dart_core.trace import StepRecord, Trace
@@ -21,6 +23,7 @@ from dart_core.trace import StepRecord, Trace
 WAITING, RUNNING, DONE, STOPPED, ERROR, REPLAY = "waiting", "running", "done", "stopped", "error", "replay"
 LANE_ORDER = (VANILLA, DART, PLD)   # a lane is keyed by the method it shows; dart_pld runs in the DART lane
 LANE_TITLES = {VANILLA: "Plain decoding", DART: "DART", PLD: "Prompt lookup"}
+log = logging.getLogger(__name__)
 STOP_REASONS = {"stop_token": "end of answer", "max_new_tokens": "token limit", "context_full": "context full"}
 
 
@@ -62,8 +65,12 @@ class Lane:
             except StopIteration:
                 self.status = DONE
                 return None
-            except Exception as exc:  # a failing lane reports and ends; the other lanes go on
-                self.status, self.error = ERROR, f"{type(exc).__name__}: {exc}"
+            except DartError as exc:  # a user's mistake: the message says what to mend
+                self.status, self.error = ERROR, str(exc)
+                return None
+            except Exception as exc:  # a bug: a failing lane reports and ends, the other lanes go on
+                log.exception("lane %s failed", self.key)
+                self.status, self.error = ERROR, f"{type(exc).__name__}: {exc} (details in the server log)"
                 return None
             finally:
                 self.own_time += time.perf_counter() - t0

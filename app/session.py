@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from dart_core.methods import DART
+
 from .lanes import LANE_ORDER, Lane
 
 
@@ -26,8 +28,8 @@ class Session:
     def lane(self, key: str | None) -> Lane | None:
         if key in self.lanes:
             return self.lanes[key]
-        return self.lanes.get("dart") or next(iter(self.lanes.values()), None)
+        return self.lanes.get(DART) or next(iter(self.lanes.values()), None)
 
     def default_lane(self) -> str | None:
-        lane = self.lane("dart")
+        lane = self.lane(DART)
         return lane.key if lane else None

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from dart_core.methods import PLD
 from dart_core.trace import Trace
 
 from . import figures
@@ -64,7 +65,7 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
 
         def failed(exc):
             log.exception("callback %s failed", getattr(fn, "__name__", fn))
-            text = f"Something went wrong: {type(exc).__name__}: {exc}"
+            text = f"Something went wrong: {type(exc).__name__}: {exc} (the details are in the server log)"
             gr.Warning(html.escape(text))
             return convert({"message": message_html(text), "run_btn": gr.update(interactive=True)})
 
@@ -132,7 +133,7 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
                     for key in LANE_OUTPUTS:
                         comps[LANE_OUTPUTS[key]] = gr.HTML(
                             cb.lane_card(Session(), key), elem_id=f"lane-{key}", elem_classes="lane-box",
-                            js_on_load=TOKEN_CLICK_JS, visible=key != "pld", min_width=260)
+                            js_on_load=TOKEN_CLICK_JS, visible=key != PLD, min_width=260)
                 comps["summary"] = gr.HTML("", elem_id="summary")
                 with gr.Row(equal_height=False, elem_id="step-controls"):
                     comps["lane"] = gr.Radio([], label="Lane", scale=2, min_width=200, elem_id="lane-pick")

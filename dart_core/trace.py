@@ -33,6 +33,7 @@ CANDIDATE_TYPES = {"token": "<i4", "level": "<i2", "parent": "<i4", "draft_prob"
 CANDIDATE_DTYPES = {"token": np.int64, "level": np.int32, "parent": np.int32, "ngram_match": np.int8,
                     "node": np.int32}
 CODES = {"fate": FATES, "beam": BEAM_STATES}
+DERIVED_COLUMNS = ("ngram_term", "score")   # recomputed on loading (see pack_candidates)
 
 
 class TraceError(DartError):
@@ -106,7 +107,8 @@ class StepRecord:
             ids.update(int(t) for t in self.candidates.token)
         return ids
 
-    def to_dict(self, top_candidates: int | None = None) -> dict:
+    def to_dict(self, top_candidates: int | None = None, search: SearchConfig | None = None) -> dict:
+        """`search`: the knobs the step's search ran with; given, the columns that follow from them are not stored."""
         cand = self.candidates
         if cand is not None and top_candidates is not None:
             cand = best_candidates(cand, top_candidates)
@@ -116,7 +118,7 @@ class StepRecord:
             "tree": self.tree.to_dict() if self.tree else None, "path": list(self.path),
             "rows_tokens": None if self.rows_tokens is None else pack(self.rows_tokens, "<i4"),
             "rows_probs": None if self.rows_probs is None else pack(self.rows_probs, "<f4"),
-            "candidates": None if cand is None else pack_candidates(cand),
+            "candidates": None if cand is None else pack_candidates(cand, search),
             "lookup_nodes": list(self.lookup_nodes),
             "timings": {k: round(v, 6) for k, v in self.timings.items()}, "elapsed": round(self.elapsed, 6),
             "stop_reason": self.stop_reason,
@@ -182,7 +184,7 @@ class Trace:
         return {"format": TRACE_FORMAT, "method": self.method, "prompt_ids": list(self.prompt_ids),
                 "prompt_text": self.prompt_text, "settings": settings,
                 "token_text": {str(k): v for k, v in sorted(self.token_text.items())},
-                "steps": [s.to_dict(top_candidates) for s in self.steps]}
+                "steps": [s.to_dict(top_candidates, self.settings.search) for s in self.steps]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Trace":
@@ -245,25 +247,53 @@ def unpack(d: dict) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.dtype(d["dtype"])).reshape(d["shape"])
 
 
-def pack_candidates(c: Candidates) -> dict:
+def pack_candidates(c: Candidates, search: SearchConfig | None = None) -> dict:
+    """The candidate columns as packed arrays. With the search's knobs, the two columns that follow from the others
+    (the n-gram term and the cumulative score: half the bytes of a trace) are left out and recomputed on loading."""
     out = {}
+    derived = DERIVED_COLUMNS if search is not None else ()
     for name, dtype in CANDIDATE_TYPES.items():
+        if name in derived:
+            continue
         col = getattr(c, name)
         if name in CODES:
             col = np.asarray([CODES[name].index(v) for v in col.tolist()], dtype=np.int8)
         out[name] = pack(col, dtype)
+    if derived:
+        out["derived"] = {"columns": list(derived), "ngram_weight": search.ngram_weight, "eps": search.eps}
     return out
 
 
 def unpack_candidates(d: dict) -> Candidates:
     cols = {}
+    derived = d.get("derived") or {}
     for name in CANDIDATE_TYPES:
+        if name in derived.get("columns", ()):
+            continue
         col = unpack(d[name])
         if name in CODES:
             cols[name] = np.asarray(CODES[name], dtype=object)[col.astype(np.int64)]
         else:
             cols[name] = col.astype(CANDIDATE_DTYPES.get(name, np.float64))
+    if derived:
+        cols["ngram_term"], cols["score"] = _derive_terms(cols, float(derived["ngram_weight"]), float(derived["eps"]))
     return Candidates(**cols)
+
+
+def _derive_terms(cols: dict, ngram_weight: float, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """The search's own formulas (dart_core.tree_search): ngram_term = min(w ln(p + eps), 0) where the n-gram term
+    applied (match >= 0), and score = parent's score + level_weight (logit_term + ngram_term)."""
+    applied = cols["ngram_match"] >= 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        term = np.where(applied, np.minimum(ngram_weight * np.log(np.nan_to_num(cols["ngram_prob"]) + eps), 0.0), 0.0)
+    step = cols["level_weight"] * (cols["logit_term"] + term)
+    score = np.zeros(len(step))
+    parent = cols["parent"].astype(np.int64)
+    for level in np.unique(cols["level"]):   # parents are one level up: done before their children
+        idx = np.flatnonzero(cols["level"] == level)
+        base = np.where(parent[idx] >= 0, score[np.maximum(parent[idx], 0)], 0.0)
+        score[idx] = base + step[idx]
+    return term, score
 
 
 def best_candidates(c: Candidates, n: int) -> Candidates:
