@@ -27,7 +27,7 @@ def is_greedy(temperature: float) -> bool:
 
 @dataclass
 class SamplingConfig:
-    temperature: float = 0.0   # <= 1e-5 means greedy
+    temperature: float = 0.0   # at or below GREEDY_TEMPERATURE: greedy
     top_p: float = 1.0         # nucleus: keep the smallest set with mass >= top_p (1.0 = off)
     top_k: int = 0             # keep the k most likely tokens (0 = off)
     seed: int | None = None

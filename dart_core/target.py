@@ -134,9 +134,14 @@ class TargetModel:
 
 
 def onednn_applies(layer) -> bool:
-    """Whether OneDnnOutputHead can stand in for this layer: a Linear on CPU in fp32 or bf16."""
-    return (isinstance(layer, torch.nn.Linear) and layer.weight.device.type == "cpu"
-            and layer.weight.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available())
+    """Whether OneDnnOutputHead can stand in for this layer: a Linear on CPU in fp32, or in bf16 where this CPU's
+    oneDNN has a bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; on an AVX2-only CPU it raises instead)."""
+    if not (isinstance(layer, torch.nn.Linear) and layer.weight.device.type == "cpu"
+            and torch.backends.mkldnn.is_available()):
+        return False
+    if layer.weight.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return layer.weight.dtype == torch.float32
 
 
 class OneDnnOutputHead:

@@ -9,6 +9,9 @@ import json
 import numpy as np
 import pytest
 
+from app.callbacks import Callbacks
+from app.engine import Engine
+from app.session import Session
 from dart_core.acceptance import SamplingConfig
 from dart_core.trace import READABLE_FORMATS, TRACE_FORMAT, RunSettings, Trace, TraceError, best_candidates, unpack
 from dart_core.tree_search import KEPT, SearchConfig
@@ -144,3 +147,16 @@ def test_run_settings_round_trip_and_leniency():
                     search=SearchConfig(node_budget=8), max_new_tokens=64, stop_ids=[2, 7], lookup_tokens=5)
     assert RunSettings.from_dict(json.loads(json.dumps(s.to_dict()))) == s
     assert RunSettings.from_dict({"unknown": 1, "model": "x"}) == RunSettings(model="x")
+
+
+def test_the_app_says_what_a_trimmed_trace_cannot_show(dart, tmp_path):
+    cb = Callbacks(Engine.replay_only(None), tmp_path / "out")
+    dart.save(tmp_path / "full.json.gz")
+    dart.save(tmp_path / "top.json.gz", top_candidates=2)
+    step = next(s.index for s in dart.steps if s.candidates is not None and len(s.candidates))
+    infos = {}
+    for name in ("full", "top"):
+        session = Session()
+        cb.upload(session, [str(tmp_path / f"{name}.json.gz")])
+        infos[name] = cb.step_view(session, "dart", step)["step_info"]
+    assert "only the best 2 candidates" in infos["top"] and "only the best" not in infos["full"]
