@@ -1,4 +1,8 @@
-"""DART Lab engine: lossless DART speculative decoding on transformers models, recording every step."""
+"""DART Lab engine: lossless DART speculative decoding on transformers models, recording every step.
+
+The modules here are the engine; `setup/` turns names into loaded pieces, `training/` trains the draft head, and
+`tools/` is the command line (`python -m dart_core ...`). docs/architecture.md draws the whole.
+"""
 
 from .acceptance import SamplingConfig
 from .decoding import GenerationConfig, generate, run
