@@ -3,9 +3,14 @@
 - tau (mean acceptance length): tokens emitted per target verification step, the bonus token included,
   i.e. 1 + accepted draft tokens / verify steps (the last step may emit fewer when a stop token or the token
   limit cuts it; tau counts what was really emitted). The prefill's first token is not counted.
+- forward_passes: target forwards, i.e. verify steps + one prefill per generation observed.
+- tokens_per_forward: emitted tokens / forward_passes, the prefill's token included (comparable with a count of
+  transformers' forwards, where the prefill may already accept drafts).
 - acceptance_by_depth[d-1]: share of verify steps that accepted at least d draft tokens.
 - conditional_acceptance[d-1]: share of the steps that accepted d-1 tokens which also accepted the d-th.
 - tokens_per_s: emitted tokens / wall time from the start of the prefill to the end of the last step.
+- phase_share: each per-step phase's share (draft, search, verify, accept) of their summed time; the prefill is
+  left out, being paid once per generation rather than per step.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from .trace import PHASES, StepRecord
 class Metrics:
     new_tokens: int = 0
     verify_steps: int = 0
+    prefills: int = 0               # generations observed (one prefill forward each)
     verify_tokens: int = 0          # tokens emitted by verify steps
     accepted_tokens: int = 0        # draft tokens accepted
     draft_nodes: int = 0            # draft nodes verified (roots excluded)
@@ -31,6 +37,8 @@ class Metrics:
         self.wall_time = step.elapsed
         for phase, seconds in step.timings.items():
             self.phase_time[phase] = self.phase_time.get(phase, 0.0) + seconds
+        if step.kind == "prefill":
+            self.prefills += 1
         if step.kind != "verify":
             return
         self.verify_steps += 1
@@ -45,6 +53,7 @@ class Metrics:
         """Add another run's counts and times to this one (wall times add up: runs are sequential)."""
         self.new_tokens += other.new_tokens
         self.verify_steps += other.verify_steps
+        self.prefills += other.prefills
         self.verify_tokens += other.verify_tokens
         self.accepted_tokens += other.accepted_tokens
         self.draft_nodes += other.draft_nodes
@@ -67,6 +76,14 @@ class Metrics:
         return self.verify_tokens / self.verify_steps if self.verify_steps else 0.0
 
     @property
+    def forward_passes(self) -> int:
+        return self.verify_steps + self.prefills
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+
+    @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
 
@@ -84,11 +101,14 @@ class Metrics:
 
     @property
     def phase_share(self) -> dict[str, float]:
-        total = sum(self.phase_time.values())
-        return {k: (v / total if total else 0.0) for k, v in self.phase_time.items()}
+        """Share of each per-step phase (PHASES) in their summed time, the prefill excluded (see the module doc)."""
+        times = {p: self.phase_time.get(p, 0.0) for p in PHASES}
+        total = sum(times.values())
+        return {p: (t / total if total else 0.0) for p, t in times.items()}
 
     def to_dict(self) -> dict:
         return {"new_tokens": self.new_tokens, "verify_steps": self.verify_steps, "tau": round(self.tau, 4),
+                "forward_passes": self.forward_passes, "tokens_per_forward": round(self.tokens_per_forward, 4),
                 "accepted_tokens": self.accepted_tokens, "draft_nodes": self.draft_nodes,
                 "tokens_per_s": round(self.tokens_per_s, 3), "wall_time": round(self.wall_time, 4),
                 "acceptance_by_depth": [round(x, 4) for x in self.acceptance_by_depth],

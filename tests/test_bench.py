@@ -1,4 +1,5 @@
-"""The benchmark: report arithmetic on synthetic runs (no model), then short end-to-end runs on the default model."""
+"""The benchmark: report arithmetic and Metrics' derivations on synthetic runs (no model), then short end-to-end
+runs on the default model."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dart_core.tools import bench
 from dart_core.tools.args import CliError
 from dart_core.tools.bench import (BenchPrompt, Run, build_report, first_difference, format_table, parse_dtypes,
                                    parse_methods, parse_temperatures, run_bench)
+from dart_core.tools.bench import loop as bench_loop        # where the loop looks up load_target and WARMUP_TOKENS
 from dart_core.tools.cli import build_parser, main
 from dart_core.metrics import Metrics
 from dart_core.trace import StepRecord
@@ -26,6 +28,7 @@ def test_option_parsing():
     assert parse_methods("dart, vanilla,dart") == ["dart", "vanilla"]
     assert parse_dtypes("fp32,bfloat16") == ["fp32", "bf16"]
     assert parse_temperatures("0,0.7") == [0.0, 0.7]
+    assert bench.METHODS == ("hf_generate", "vanilla", "hf_pld", "pld", "dart", "dart_pld")   # --methods default
     for bad in (lambda: parse_methods("medusa"), lambda: parse_dtypes("int8"), lambda: parse_temperatures("-1"),
                 lambda: parse_temperatures("hot"), lambda: parse_methods("")):
         with pytest.raises(CliError):
@@ -49,14 +52,36 @@ def _metrics(accepted: list[int], time_each=0.1) -> Metrics:
     return m
 
 
+def test_metrics_forward_passes_and_phase_share():
+    a = _metrics([2, 0])                 # prefill (1 token), then steps of 3 and 1 tokens
+    assert (a.prefills, a.verify_steps, a.new_tokens) == (1, 2, 5)
+    assert a.forward_passes == 3 and a.tokens_per_forward == pytest.approx(5 / 3)
+    # the per-step phases only: the prefill's 0.05 s is left out
+    assert a.phase_share == pytest.approx({"draft": 0.25, "search": 0.25, "verify": 0.5, "accept": 0.0})
+    b = Metrics()
+    b.observe(StepRecord(0, "prefill", 0, [9], timings={"prefill": 0.3}))
+    b.observe(StepRecord(1, "verify", 0, [9, 9], accepted=1, timings={"draft": 0.2, "verify": 0.1, "accept": 0.1}))
+    assert b.forward_passes == 2 and b.tokens_per_forward == pytest.approx(1.5)
+    a.merge(b)
+    assert (a.prefills, a.verify_steps, a.forward_passes, a.new_tokens) == (2, 3, 5, 8)
+    assert a.tokens_per_forward == pytest.approx(8 / 5)
+    # draft 0.05 + 0.2, search 0.05, verify 0.1 + 0.1, accept 0.1: 0.6 s in all
+    assert a.phase_share == pytest.approx({"draft": 0.25 / 0.6, "search": 0.05 / 0.6, "verify": 0.2 / 0.6,
+                                           "accept": 0.1 / 0.6})
+    empty = Metrics()
+    assert empty.forward_passes == 0 and empty.tokens_per_forward == 0.0
+    assert empty.phase_share == {"draft": 0.0, "search": 0.0, "verify": 0.0, "accept": 0.0}
+
+
 def test_report_arithmetic():
     p1, p2 = BenchPrompt("a/1", "a", "x", ids=[1, 2]), BenchPrompt("b/1", "b", "y", ids=[3])
     runs = []
+    # every output as long as what its Metrics counted (5 tokens), as a real run's is
     for p in (p1, p2):
         for dtype, slow in (("fp32", 2.0), ("bf16", 1.0)):
-            hf = Run(p, "hf_generate", dtype, 0.0, [4, 5, 6, 7], seconds=0.4 * slow, forwards=4)
-            van = Run(p, "vanilla", dtype, 0.0, [4, 5, 6, 7], seconds=0.5 * slow, metrics=_metrics([0, 0, 0]))
-            dart = Run(p, "dart", dtype, 0.0, [4, 5, 6, 8] if p is p2 else [4, 5, 6, 7], seconds=0.2 * slow,
+            hf = Run(p, "hf_generate", dtype, 0.0, [4, 5, 6, 7, 3], seconds=0.4 * slow, forwards=5)
+            van = Run(p, "vanilla", dtype, 0.0, [4, 5, 6, 7, 3], seconds=0.5 * slow, metrics=_metrics([0, 0, 0, 0]))
+            dart = Run(p, "dart", dtype, 0.0, [4, 5, 6, 8, 3] if p is p2 else [4, 5, 6, 7, 3], seconds=0.2 * slow,
                        metrics=_metrics([2, 0]))
             for r in (hf, van, dart):
                 r.reference, r.first_diff = "hf_generate", first_difference(r.output, hf.output)
@@ -67,11 +92,12 @@ def test_report_arithmetic():
     assert {w for _, _, w in res} == {"all", "a", "b"}
     assert all(RESULT_KEYS <= set(r) for r in report["results"])
     hf32, d32, d16 = res["hf_generate", "fp32", "all"], res["dart", "fp32", "all"], res["dart", "bf16", "all"]
-    assert hf32["tokens_per_s"] == pytest.approx(8 / 1.6) and hf32["speedup"] == 1.0 and hf32["tau"] == 1.0
+    assert hf32["tokens_per_s"] == pytest.approx(10 / 1.6) and hf32["speedup"] == 1.0 and hf32["tau"] == 1.0
     assert d32["speedup"] == pytest.approx(2.0) and d16["speedup"] == pytest.approx(2.0)
     assert d16["speedup_vs_hf_fp32"] == pytest.approx(4.0) and d16["speedup_vs_hf_best"] == pytest.approx(2.0)
     assert d32["tau"] == pytest.approx(2.0) and d32["acceptance_by_depth"] == [0.5, 0.5]
-    assert d32["forward_passes"] == 6 and d32["tokens_per_forward"] == pytest.approx(8 / 6, abs=1e-4)
+    assert d32["forward_passes"] == 6 and d32["tokens_per_forward"] == pytest.approx(10 / 6, abs=1e-4)
+    assert hf32["forward_passes"] == 10 and res["vanilla", "fp32", "all"]["forward_passes"] == 10
     assert res["vanilla", "fp32", "all"]["tokens_per_forward"] == hf32["tokens_per_forward"] == 1.0
     assert d32["phase_share"] == {"draft": 0.25, "search": 0.25, "verify": 0.5, "accept": 0.0}
     assert d32["identical"] == 1 and d32["compared"] == 2
@@ -82,6 +108,9 @@ def test_report_arithmetic():
     table = format_table(report)
     assert "ref" in table and "1/2" in table and len(table.splitlines()) == 2 + len(report["results"])
     assert len(report["runs"]) == len(runs) and report["runs"][0]["prompt"] == "a/1"
+    per_run = {(r["prompt"], r["method"], r["dtype"]): r for r in report["runs"]}
+    assert per_run["a/1", "dart", "fp32"]["forwards"] == 3 and per_run["a/1", "dart", "fp32"]["tau"] == 2.0
+    assert per_run["a/1", "hf_generate", "fp32"]["forwards"] == 5 and per_run["a/1", "hf_generate", "fp32"]["tau"] == 1.0
 
 
 def test_unwritable_out_fails_before_loading(tmp_path, capsys, monkeypatch):
@@ -91,7 +120,7 @@ def test_unwritable_out_fails_before_loading(tmp_path, capsys, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the model must not load before --out is checked")
 
-    monkeypatch.setattr(bench, "load_target", boom)
+    monkeypatch.setattr(bench_loop, "load_target", boom)
     assert main(["bench", "--out", str(blocker / "r.json"), "--limit", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: cannot write the output to")
@@ -174,6 +203,10 @@ def test_run_round_trips_through_its_record(tmp_path):
     assert back.metrics.acceptance_by_depth == run.metrics.acceptance_by_depth
     hf = Run(p, "hf_generate", "fp32", 0.0, [4], seconds=0.1, forwards=2, seed=7)
     assert bench.run_from_dict(json.loads(json.dumps(bench.run_to_dict(hf))), p) == hf
+    # a record written before Metrics counted prefills still reads, as the one generation it was
+    old = bench.run_to_dict(run)
+    del old["metrics"]["prefills"]
+    assert bench.run_from_dict(old, p) == run and bench.run_from_dict(old, p).metrics.forward_passes == 3
     # the same prompt at another place, or with another text, is another prompt
     assert bench.key_of(hf) != bench.key_of(Run(BenchPrompt("a/1", "a", "x", index=4), "hf_generate", "fp32", 0.0,
                                                 [4], 0.1, seed=7))
@@ -203,13 +236,13 @@ def _count_runs(monkeypatch, stop_at=None):
 
 def _count_loads(monkeypatch):
     loads = []
-    real = bench.load_target
+    real = bench_loop.load_target
 
     def counting_load(model, device, dtype):
         loads.append(dtype)
         return real(model, device, dtype)
 
-    monkeypatch.setattr(bench, "load_target", counting_load)
+    monkeypatch.setattr(bench_loop, "load_target", counting_load)
     return loads
 
 
@@ -217,7 +250,7 @@ def _no_loads(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("nothing is left to run: the model must not load")
 
-    monkeypatch.setattr(bench, "load_target", boom)
+    monkeypatch.setattr(bench_loop, "load_target", boom)
 
 
 def _run_records(path) -> list[dict]:
@@ -242,7 +275,7 @@ RESUME = ["--workloads", "mtbench", "--limit", "2", "--methods", "hf_generate,da
 
 @needs_default
 def test_bench_resume_after_interrupt(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(bench, "WARMUP_TOKENS", 3)          # tells warm-up decodes (3 tokens) from timed ones (8)
+    monkeypatch.setattr(bench_loop, "WARMUP_TOKENS", 3)          # tells warm-up decodes (3 tokens) from timed ones (8)
     # fp32: 2 warm-up + 8 timed decodes; bf16: 2 warm-up, then Ctrl-C during its 2nd timed decode
     _count_runs(monkeypatch, stop_at=14)
     with pytest.raises(KeyboardInterrupt):
