@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 import pytest
 
@@ -36,7 +35,6 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
         pytest.fail(f"CI must run the browser test, but {WHY}")
     from selenium.webdriver.common.by import By
 
-    start = time.monotonic()
     with serve_app("--draft", "random", "--ngram", "none", log_path=tmp_path / "app.log") as url:
         drv = make_driver(BROWSER, DRIVER, 1500, 1400)
         try:
@@ -95,4 +93,3 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
             drv.save_screenshot(str(tmp_path / "replay.png"))
         finally:
             drv.quit()
-    assert time.monotonic() - start < 300

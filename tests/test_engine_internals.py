@@ -2,6 +2,8 @@
 
 import json
 import random
+from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,7 +11,8 @@ import torch
 from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, GraniteConfig
 
-from dart_core.acceptance import SamplingConfig, processed_probs
+from dart_core import acceptance
+from dart_core.acceptance import Acceptance, SamplingConfig, processed_probs
 from dart_core.decoding import GenerationConfig, generate, run
 from dart_core.draft_head import DraftCache, DraftHead, DraftHeadError
 from dart_core.ngram import NGramModel
@@ -18,12 +21,24 @@ from dart_core.target import TargetModel
 from dart_core.trace import RunSettings, Trace, TraceError
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
-from tests.tiny import OracleDrafter, plain_greedy_reference, random_head, tiny_target
+from tests.tiny import OracleDrafter, TargetDrafter, plain_greedy_reference, random_head, tiny_target
+
+CORRECT_SAMPLING_RULE = acceptance._accept_sampling
 
 
 @pytest.fixture(scope="module")
 def llama():
     return tiny_target("llama")
+
+
+@pytest.fixture
+def one_thread():
+    """Many one-row forwards of a tiny model: more threads only add overhead (far more with other processes on
+    the cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def cache_tensors(cache):
@@ -156,32 +171,82 @@ def test_scaled_logits_keep_the_models_own_output_layer():
     assert torch.allclose(ours, theirs, atol=1e-5)
 
 
-def test_sampling_through_the_loop_matches_the_target_distribution():
-    """First two tokens of DART sampling vs the exact processed target distribution (chi-square, fixed seed)."""
-    target = tiny_target("llama", vocab=16, hidden=32, layers=4, seed=11)
-    with torch.no_grad():
-        target.lm_head.weight.mul_(0.2)  # soften: several tokens carry real probability
-    sampling = SamplingConfig(temperature=1.0, top_p=0.9, top_k=4, seed=0)
-    prompt = [3, 5, 7]
+def exact_joint(target: TargetModel, prompt: list[int], sampling: SamplingConfig, n_tokens: int) -> dict:
+    """{sequence of n_tokens: probability} under the target's processed distribution, every sequence enumerated."""
+    joint = {(): 1.0}
     with torch.inference_mode():
-        p1 = processed_probs(target.model(input_ids=torch.tensor([prompt])).logits[0, -1], sampling).double()
-        joint = {}
-        for a in torch.nonzero(p1).flatten().tolist():
-            p2 = processed_probs(target.model(input_ids=torch.tensor([prompt + [a]])).logits[0, -1], sampling)
-            for b in torch.nonzero(p2).flatten().tolist():
-                joint[(a, b)] = float(p1[a] * p2[b])
-    proposer = DartProposer(HeadDrafter(random_head(target, n_mask=2, seed=3), target),
-                            SearchConfig(topk=6, beam_width=4, node_budget=10))
-    counts = dict.fromkeys(joint, 0)
-    n = 1500
-    gen_seed = random.Random(0)
-    for _ in range(n):
-        cfg = GenerationConfig(max_new_tokens=2, sampling=SamplingConfig(1.0, 0.9, 4, seed=gen_seed.randrange(2**31)))
-        out = run(target, proposer, prompt, cfg).output_ids
-        counts[tuple(out)] += 1
-    keys = sorted(joint)
-    expected = np.asarray([joint[k] for k in keys])
-    assert chisquare([counts[k] for k in keys], expected / expected.sum() * n).pvalue > 1e-3
+        for _ in range(n_tokens):
+            prefixes = list(joint)
+            logits = target.model(input_ids=torch.tensor([prompt + list(k) for k in prefixes])).logits[:, -1]
+            probs = processed_probs(logits, sampling).double()
+            joint = {k + (t,): joint[k] * float(p[t])
+                     for k, p in zip(prefixes, probs) for t in torch.nonzero(p).flatten().tolist()}
+    return joint
+
+
+def chi2_pvalue(outputs: list[tuple], joint: dict, min_expected: float = 5.0) -> float:
+    """Pearson chi-square of sampled sequences against `joint`: one cell per sequence expected at least
+    `min_expected` times, one cell for all the others."""
+    n, counts = len(outputs), Counter(outputs)
+    cells = [k for k in joint if joint[k] * n >= min_expected]
+    observed = [counts[k] for k in cells]
+    expected = [joint[k] * n for k in cells]
+    return float(chisquare(observed + [n - sum(observed)], expected + [n - sum(expected)]).pvalue)
+
+
+def bonus_from_all_of_p(tree, logits, cfg, gen, children):
+    """A deliberately wrong sampling rule (the negative control): where every draft below the last accepted node
+    was rejected, the bonus token is drawn from the node's whole p, rejected drafts included, instead of from
+    what is left of p. Accepted paths are the correct rule's."""
+    result = CORRECT_SAMPLING_RULE(tree, logits, cfg, gen, children)
+    if children.get(result.path[-1]):
+        p = processed_probs(logits[result.path[-1]], cfg).double()
+        return Acceptance(result.path, int(torch.multinomial(p, 1, generator=gen)))
+    return result
+
+
+def sample_through_the_loop(target, proposer, prompt, sampling: SamplingConfig, n_tokens: int, n_runs: int) -> dict:
+    """n_runs sampled decodes with fixed seeds: their outputs, and what the verify steps did."""
+    seeds = random.Random(0)
+    stats = {"outputs": [], "verify_steps": [], "accepted": 0, "compacted_then_verified": 0}
+    for _ in range(n_runs):
+        cfg = GenerationConfig(max_new_tokens=n_tokens, sampling=replace(sampling, seed=seeds.randrange(2**31)))
+        trace = run(target, proposer, prompt, cfg)
+        steps = [s for s in trace.steps if s.kind == "verify"]
+        stats["outputs"].append(tuple(trace.output_ids))
+        stats["verify_steps"].append(len(steps))
+        stats["accepted"] += sum(s.accepted for s in steps)
+        # an accepted path that is not a prefix of the node order makes commit compact the cache (index_select,
+        # not a crop); a verify step after it scores its tree on the compacted cache
+        compacted = [s.path != list(range(len(s.path))) for s in steps]
+        stats["compacted_then_verified"] += any(compacted[:-1])
+    return stats
+
+
+def test_sampling_through_the_loop_matches_the_target_distribution(monkeypatch, one_thread):
+    """Five sampled tokens through the whole loop (prefill, then at least two verify steps of tree drafts that are
+    often accepted, past cache compactions) against the exact processed target distribution of all five (chi-square,
+    fixed seeds); the same test rejects a subtly wrong acceptance rule."""
+    target = tiny_target("llama", vocab=16, hidden=32, layers=2, seed=11)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.4)  # soften: several tokens carry real probability
+    sampling = SamplingConfig(temperature=1.0, top_p=0.95, top_k=3)
+    prompt, n_tokens, n_runs = [3, 5, 7], 5, 600
+    joint = exact_joint(target, prompt, sampling, n_tokens)
+    assert sum(joint.values()) == pytest.approx(1.0)
+    # depth-2 trees (2 x 2 children): a verify step emits at most 3 tokens, so 5 tokens take 2 verify steps or more;
+    # 2 drafts per node where the target keeps up to 3 tokens: rejections and leftover bonus draws happen too
+    proposer = DartProposer(TargetDrafter(target, n_rows=2), SearchConfig(topk=2, beam_width=2, node_budget=6))
+    right = sample_through_the_loop(target, proposer, prompt, sampling, n_tokens, n_runs)
+    assert min(right["verify_steps"]) >= 2
+    assert right["accepted"] > sum(right["verify_steps"])  # more than one accepted draft per verify step
+    assert right["compacted_then_verified"] > n_runs / 4
+    assert all(out in joint for out in right["outputs"])  # nothing the target cannot produce
+    assert chi2_pvalue(right["outputs"], joint) > 1e-3
+
+    monkeypatch.setattr(acceptance, "_accept_sampling", bonus_from_all_of_p)
+    wrong = sample_through_the_loop(target, proposer, prompt, sampling, n_tokens, n_runs)
+    assert chi2_pvalue(wrong["outputs"], joint) < 1e-3
 
 
 def test_draft_head_save_load_round_trip(tmp_path, llama):

@@ -1,7 +1,6 @@
 """Training the draft head end to end on a tiny model (seconds), and what the trained files promise."""
 
 import random
-import time
 
 import pytest
 import torch
@@ -59,7 +58,7 @@ def test_training_runs_end_to_end_and_the_head_decodes_losslessly(data, tmp_path
     assert head.config.draft_vocab_size == 48 and head.config.extra["command"] == "test"
     assert 2 in head.d2t.tolist()  # stop ids are always in the draft vocabulary
     held = head.config.extra["heldout"]
-    assert held["chain_tau"] >= 1.0
+    assert held["heldout_loss"] > 0
     # the chain-length histogram accounts for every anchor and gives back the chain tau
     lengths = held["chain_lengths"]
     assert len(lengths) == cfg.n_mask + 2 and sum(lengths) == held["anchors"]
@@ -68,17 +67,43 @@ def test_training_runs_end_to_end_and_the_head_decodes_losslessly(data, tmp_path
     again = Trainer(target, seqs[:6], seqs[:3], TrainConfig(**{**cfg.__dict__, "max_steps": 8}), tmp_path / "run",
                     stop_ids={2})
     assert again.resume() and again.step == 6 and again.sequences_seen == 12
-    started = time.time()
     again.fit(lambda i: seqs[3 + i % 11], command="test again")
-    elapsed_minutes = (time.time() - started) / 60
     assert again.step == 8
     sessions = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)["sessions"]
     assert [(s["command"], s["from_step"]) for s in sessions] == [("test", 0), ("test again", 6)]
-    assert 0 < sessions[1]["minutes"] <= elapsed_minutes + 1e-3  # each session's training time is on record
+    assert all(s["minutes"] > 0 for s in sessions)  # each session's training time is on record
     prompt = [5, 17, 33, 8]
     expected = plain_greedy_reference(target, prompt, 16)
     assert run(target, DartProposer(HeadDrafter(head, target)), prompt,
                GenerationConfig(max_new_tokens=16)).output_ids == expected
+
+
+@pytest.fixture(scope="module")
+def repetitive():
+    """Prompts over six tokens, answered greedily: the tiny target falls into repeating one token, so the head can
+    learn in a few steps what the held-out sequences (other prompts over the same tokens) need."""
+    target = tiny_target("llama", vocab=96, seed=2)
+    rng = random.Random(0)
+    seqs = []
+    for _ in range(12):
+        prompt = [rng.randrange(10, 16) for _ in range(6)]
+        seqs.append(sequence_example(target, prompt, plain_greedy_reference(target, prompt, 20)))
+    return target, seqs
+
+
+def test_a_few_steps_lower_the_heldout_loss(repetitive, tmp_path):
+    target, seqs = repetitive
+    heldout, train = seqs[:4], seqs[4:]
+    assert not any(torch.equal(h["ids"], s["ids"]) for h in heldout for s in train)  # truly held out
+    cfg = TrainConfig(n_mask=2, draft_vocab=48, anchors=8, accumulate=1, max_steps=20, eval_every=10, warmup=2,
+                      lr=3e-3)
+    trainer = Trainer(target, train, heldout, cfg, tmp_path / "run", stop_ids={2})
+    before = trainer.evaluate()
+    trainer.fit(lambda i: train[i % len(train)])
+    after = trainer.history[-1]
+    assert after["step"] == 20
+    assert after["heldout_loss"] < 0.5 * before["heldout_loss"]
+    assert after["chain_tau"] > before["chain_tau"] + 1.0  # and the greedy chain gets accepted further
 
 
 def test_draft_vocab_prefers_frequent_target_tokens(data):

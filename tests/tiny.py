@@ -53,6 +53,28 @@ class OracleDrafter(Drafter):
         return rows
 
 
+class TargetDrafter(Drafter):
+    """Drafts the target's own next-token logits along its greedy continuation: row r holds the target's logits
+    after the context and r greedy tokens. The drafts carry the target's uncertainty, so under sampling they are
+    often accepted and sometimes rejected. Rows are memoised per context (the target must not change meanwhile)."""
+
+    def __init__(self, target: TargetModel, n_rows: int = 2):
+        self.target, self.n_rows = target, n_rows
+        self._rows: dict[tuple[int, ...], torch.Tensor] = {}
+
+    @torch.inference_mode()
+    def draft(self, context, new_features):
+        key = tuple(context)
+        if key not in self._rows:
+            ids, rows = list(context), []
+            for _ in range(self.n_rows):
+                logits = self.target.model(input_ids=torch.tensor([ids])).logits[0, -1]
+                rows.append(logits)
+                ids.append(int(logits.argmax()))
+            self._rows[key] = torch.stack(rows)
+        return self._rows[key]
+
+
 def plain_greedy_reference(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
                            stop_ids=frozenset()) -> list[int]:
     """Token-by-token greedy decoding with transformers' own cache handling (the lossless yardstick in tests)."""

@@ -4,8 +4,9 @@ Each step takes one sequence, picks up to `anchors` positions in its response, g
 block-masked forward for all of them, `DraftHead.forward_train`), and scores row r of anchor p against the target's
 own top-k distribution at position p+1+r (soft cross-entropy, per-row weights decaying with depth).
 
-Held-out metrics: per-row top-1 agreement with the target's argmax, and two acceptance estimates: the greedy chain
-(tau if the tree were the argmax of each row) and a top-3 bound (tau if every row's top 3 were all in the tree).
+Held-out metrics: the training loss on held-out sequences, per-row top-1 agreement with the target's argmax, and two
+acceptance estimates: the greedy chain (tau if the tree were the argmax of each row) and a top-3 bound (tau if every
+row's top 3 were all in the tree).
 """
 
 from __future__ import annotations
@@ -281,17 +282,20 @@ class Trainer:
         self.head.eval()
         R = self.cfg.n_mask + 1
         tot = {"hit1": torch.zeros(R), "rows": 0, "chain1": 0.0, "chain3": 0.0, "chain_hist": torch.zeros(R + 1)}
-        rng = random.Random(1234)
+        losses = []
+        rng = random.Random(1234)  # the same anchors at every evaluation
         for seq in self.heldout:
             batch, logits = self._forward(seq, rng)
             if batch is None:
                 continue
+            losses.append(float(soft_ce(logits, batch, self.row_weights)))
             st = row_stats(logits, batch)
             for k in tot:
                 tot[k] = tot[k] + st[k]
         self.head.train()
         n = max(int(tot["rows"]), 1)
-        return {"row_top1": [round(float(x) / n, 4) for x in tot["hit1"]],
+        return {"heldout_loss": round(sum(losses) / len(losses), 4) if losses else None,  # the training loss
+                "row_top1": [round(float(x) / n, 4) for x in tot["hit1"]],
                 "chain_tau": round(1 + float(tot["chain1"]) / n, 4),
                 "top3_tau_bound": round(1 + float(tot["chain3"]) / n, 4), "anchors": n,
                 # anchors whose greedy chain accepts 0, 1, ... R rows: tau for any smaller K can be read off it
