@@ -53,20 +53,6 @@ def is_greedy(trace: Trace) -> bool:
     return trace.settings.sampling.greedy
 
 
-def follow_tokens(tree: TokenTree, tokens: list[int]) -> tuple[list[int], int | None]:
-    """Walk down the tree along `tokens` (the target's choices): the accepted path and the bonus token."""
-    children: dict[int, dict[int, int]] = {}
-    for n in range(1, len(tree)):
-        children.setdefault(tree.parents[n], {}).setdefault(tree.tokens[n], n)
-    path = [0]
-    for tok in tokens:
-        nxt = children.get(path[-1], {}).get(tok)
-        if nxt is None:
-            return path, tok
-        path.append(nxt)
-    return path, None  # the recorded output ended inside the tree
-
-
 def what_if(trace: Trace, index: int, config: SearchConfig, ngram: NGramModel | None = None,
             eos_ids=frozenset(), verifier: Verifier | None = None) -> WhatIf:
     if not 0 <= index < len(trace.steps):
@@ -94,6 +80,6 @@ def what_if(trace: Trace, index: int, config: SearchConfig, ngram: NGramModel | 
         how = VERIFIED
     else:
         future = [t for s in trace.steps[index:] for t in s.new_tokens]
-        path, bonus = follow_tokens(tree, future)
+        path, bonus = tree.follow(future)
         how = REPLAYED if is_greedy(trace) else ESTIMATED
     return WhatIf(index, config, tree, result.candidates, path, bonus, how, context, notes, lookup_nodes)

@@ -84,7 +84,7 @@ def generate(target: TargetModel, proposer: Proposer, prompt_ids: list[int],
         step = StepRecord(
             index=index, kind="verify", context_len=past, new_tokens=new, accepted=result.accepted, tree=tree,
             path=result.path, rows_tokens=proposal.rows_tokens, rows_probs=proposal.rows_probs,
-            candidates=proposal.candidates, lookup_nodes=list(proposal.lookup_nodes or []),
+            candidates=proposal.candidates, lookup_nodes=list(proposal.lookup_nodes or []), budget=proposal.budget,
             timings={"draft": draft_time, "search": proposal.search_time, "verify": t2 - t1, "accept": t3 - t2})
         step.stop_reason = _stop_reason(new, stops, emitted, config.max_new_tokens, len(committed) + 1, max_context)
         step.elapsed = time.perf_counter() - start

@@ -29,6 +29,7 @@ class Metrics:
     accepted_tokens: int = 0        # draft tokens accepted
     draft_nodes: int = 0            # draft nodes verified (roots excluded)
     accepted_hist: list[int] = field(default_factory=list)  # accepted_hist[a] = steps that accepted a drafts
+    node_budgets: dict[str, int] = field(default_factory=dict)  # DART: verify steps per node budget used
     wall_time: float = 0.0
     phase_time: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in ("prefill", *PHASES)})
 
@@ -48,6 +49,9 @@ class Metrics:
         while len(self.accepted_hist) <= step.accepted:
             self.accepted_hist.append(0)
         self.accepted_hist[step.accepted] += 1
+        if step.budget:
+            key = str(step.budget["nodes"])
+            self.node_budgets[key] = self.node_budgets.get(key, 0) + 1
 
     def merge(self, other: "Metrics") -> None:
         """Add another run's counts and times to this one (wall times add up: runs are sequential)."""
@@ -61,6 +65,8 @@ class Metrics:
         for i, c in enumerate(other.accepted_hist):
             self.accepted_hist[i] += c
         self.wall_time += other.wall_time
+        for k, v in other.node_budgets.items():
+            self.node_budgets[k] = self.node_budgets.get(k, 0) + v
         for k, v in other.phase_time.items():
             self.phase_time[k] = self.phase_time.get(k, 0.0) + v
 
@@ -113,4 +119,5 @@ class Metrics:
                 "tokens_per_s": round(self.tokens_per_s, 3), "wall_time": round(self.wall_time, 4),
                 "acceptance_by_depth": [round(x, 4) for x in self.acceptance_by_depth],
                 "conditional_acceptance": [round(x, 4) for x in self.conditional_acceptance],
-                "phase_time": {k: round(v, 4) for k, v in self.phase_time.items()}}
+                "phase_time": {k: round(v, 4) for k, v in self.phase_time.items()},
+                "node_budgets": dict(sorted(self.node_budgets.items(), key=lambda kv: int(kv[0])))}

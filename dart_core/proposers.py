@@ -11,11 +11,12 @@ and verifies the returned tree.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
+from .budget import AutoBudget
 from .context_ngram import ContextNGram
 from .draft_head import DraftCache, DraftHead
 from .errors import ConfigError
@@ -34,6 +35,7 @@ class Proposal:
     candidates: Candidates | None = None    # every candidate the tree search considered
     lookup_nodes: list[int] | None = None   # tree nodes added by a prompt-lookup branch (DART + lookup)
     search_time: float = 0.0                # seconds of propose() spent in the tree search (the rest is drafting)
+    budget: dict | None = None              # DART: the node budget used, and how an automatic one was chosen
 
 
 class Proposer:
@@ -109,7 +111,7 @@ class HeadDrafter(Drafter):
         weight = target.lm_head.weight
         self.out_weight = None if head.lm_head is not None else (
             weight if head.d2t is None else weight[head.d2t.to(weight.device)])
-        self.output = OneDnnOutputHead(head.lm_head) if onednn_applies(head.lm_head) else None
+        self.output = OneDnnOutputHead(head.lm_head) if onednn_applies(head.lm_head, target.hardware) else None
 
     def reset(self):
         self.cache = DraftCache()
@@ -138,8 +140,10 @@ class DartProposer(Proposer):
 
     def __init__(self, drafter: Drafter, search_config: SearchConfig | None = None,
                  ngram: NGramModel | ContextNGram | None = None, eos_ids=frozenset(),
-                 lookup: PromptLookupProposer | None = None):
+                 lookup: PromptLookupProposer | None = None, auto_budget: AutoBudget | None = None):
+        """auto_budget: choose the node budget as the run goes (search_config.node_budget is where it starts)."""
         self.drafter = drafter
+        self.auto_budget = auto_budget
         self.search_config = (search_config or SearchConfig()).validate()
         self.ngram = ngram
         self.eos_ids = frozenset(eos_ids)
@@ -149,23 +153,35 @@ class DartProposer(Proposer):
 
     def reset(self):
         self.drafter.reset()
+        if self.auto_budget is not None:
+            self.auto_budget.reset()
         if hasattr(self.ngram, "reset"):  # a context-adaptive table forgets the previous prompt
             self.ngram.reset()
 
     def propose(self, context, new_features, max_nodes):
+        t0 = time.perf_counter()
+        config, budget = self.search_config, None
+        if self.auto_budget is not None:
+            chosen = self.auto_budget.budget_for(context)
+            config = replace(config, node_budget=chosen)
+            choice = self.auto_budget.choice
+            budget = {"nodes": chosen, "auto": True, **({"choice": choice.to_dict()} if choice else {})}
         if hasattr(self.ngram, "observe"):
             self.ngram.observe(context)
         logits = self.drafter.draft(context, new_features)                  # [R, Vd]
-        k = min(self.search_config.topk, logits.shape[-1])
+        k = min(config.topk, logits.shape[-1])
         top = logits.float().topk(k, dim=-1)
         probs = top.values.softmax(-1)          # renormalised over the top-k, as the reference does
         tokens = self.drafter.target_ids(top.indices)
         rows_tokens, rows_probs = tokens.cpu().numpy(), probs.cpu().numpy()  # the one host transfer
         t1 = time.perf_counter()
-        result = search(rows_tokens, rows_probs, context, self.search_config, self.ngram, self.eos_ids,
-                        node_budget=max_nodes)
-        tree, lookup_nodes = result.tree, None
+        result = search(rows_tokens, rows_probs, context, config, self.ngram, self.eos_ids, node_budget=max_nodes)
+        tree, lookup_nodes, branch = result.tree, None, []
         if self.lookup is not None:
-            tree, lookup_nodes = tree.with_branch(self.lookup.lookup(context), max_nodes - (len(tree) - 1))
+            branch = self.lookup.lookup(context)
+            tree, lookup_nodes = tree.with_branch(branch, max_nodes - (len(tree) - 1))
         t2 = time.perf_counter()
-        return Proposal(tree, rows_tokens, rows_probs, result.candidates, lookup_nodes, t2 - t1)
+        if self.auto_budget is not None:
+            self.auto_budget.remember(context, result.candidates, branch, t2 - t0)
+        return Proposal(tree, rows_tokens, rows_probs, result.candidates, lookup_nodes, t2 - t1,
+                        budget or {"nodes": config.node_budget, "auto": False})

@@ -6,12 +6,14 @@ Qwen3, Mistral, ...). The tree mask is passed per call as a 4D boolean mask; not
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch.utils import mkldnn as mkldnn_utils
 from transformers import DynamicCache
 
+from .hardware import Hardware, detect
+from .kernels import FastLinears, KernelPlan, decoder_linears
 from .tree import TokenTree
 
 
@@ -21,7 +23,8 @@ def tap_layer_indices(num_layers: int) -> tuple[int, int, int]:
 
 
 class TargetModel:
-    def __init__(self, model, tokenizer=None):
+    def __init__(self, model, tokenizer=None, hardware: Hardware | None = None):
+        """hardware: what the kernels may use (default: what this machine has; tests turn capabilities off)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = model.config
@@ -36,7 +39,13 @@ class TargetModel:
         self.hidden_size = int(self.config.hidden_size)
         self.vocab_size = int(self.lm_head.weight.shape[0])
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 1 << 30)
+        self.hardware = hardware or detect(str(self.device))
         self.output_head = _onednn_output_head(self)
+        self.fast_linears: FastLinears | None = None
+
+    def use_kernels(self, plan: KernelPlan | None) -> None:
+        """Compute the decoder linears of our own forwards with `plan`'s kernels (None: torch's default)."""
+        self.fast_linears = FastLinears(decoder_linears(self.model), plan) if plan is not None else None
 
     @property
     def device(self) -> torch.device:
@@ -73,7 +82,8 @@ class TargetModel:
         """ids, position_ids: [k]. Returns logits [k or 1, V] and features [k, 3H] (or None)."""
         inputs = dict(input_ids=ids[None], position_ids=position_ids[None], attention_mask=attention_mask,
                       cache=cache, use_cache=True)
-        with self._feature_taps(features) as captured:
+        fast = self.fast_linears.active() if self.fast_linears is not None else nullcontext()
+        with self._feature_taps(features) as captured, fast:
             if self.output_head is None:
                 logits = self.model(**inputs, logits_to_keep=1 if last_only else 0).logits[0]
             else:
@@ -133,14 +143,13 @@ class TargetModel:
             layer.values = torch.cat([layer.values[..., :past, :], layer.values.index_select(-2, idx)], dim=-2)
 
 
-def onednn_applies(layer) -> bool:
+def onednn_applies(layer, hardware: Hardware) -> bool:
     """Whether OneDnnOutputHead can stand in for this layer: a Linear on CPU in fp32, or in bf16 where this CPU's
     oneDNN has a bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; on an AVX2-only CPU it raises instead)."""
-    if not (isinstance(layer, torch.nn.Linear) and layer.weight.device.type == "cpu"
-            and torch.backends.mkldnn.is_available()):
+    if not (isinstance(layer, torch.nn.Linear) and layer.weight.device.type == "cpu" and hardware.onednn):
         return False
     if layer.weight.dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return hardware.onednn_bf16
     return layer.weight.dtype == torch.float32
 
 
@@ -173,7 +182,7 @@ def _onednn_output_head(target: TargetModel) -> OneDnnOutputHead | None:
     layer applied to the last hidden state (checked once on two tokens: no soft-capping or scaling). The
     transformers model itself is left untouched, so `model.generate` runs as shipped."""
     head = target.lm_head
-    if not onednn_applies(head) or not hasattr(target.model, "model"):
+    if not onednn_applies(head, target.hardware) or not hasattr(target.model, "model"):
         return None
     try:
         fast = OneDnnOutputHead(head)

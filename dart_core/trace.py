@@ -56,6 +56,7 @@ class RunSettings:
     stop_ids: list[int] = field(default_factory=list)
     lookup_tokens: int | None = None    # dart_pld: the length of the prompt-lookup branch
     ngram_context_weight: float = 0.0
+    auto_budget: bool = False           # DART: the node budget chosen as the run goes (search.node_budget: the start)
     own_time_s: float | None = None     # the app's lane time: its own steps only (lanes take turns on one CPU)
     top_candidates: int | None = None   # set when the file keeps only the best N candidates of each step
 
@@ -93,6 +94,7 @@ class StepRecord:
     rows_probs: np.ndarray | None = None
     candidates: Candidates | None = None
     lookup_nodes: list[int] = field(default_factory=list)  # tree nodes from a prompt-lookup branch (dart_pld)
+    budget: dict | None = None       # DART: {"nodes", "auto"} and, for an automatic budget, the "choice" behind it
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase (see PHASES, plus "prefill")
     elapsed: float = 0.0             # seconds since the generation started, at the end of this step
     stop_reason: str | None = None   # set on the last step: "stop_token", "max_new_tokens", "context_full"
@@ -119,7 +121,7 @@ class StepRecord:
             "rows_tokens": None if self.rows_tokens is None else pack(self.rows_tokens, "<i4"),
             "rows_probs": None if self.rows_probs is None else pack(self.rows_probs, "<f4"),
             "candidates": None if cand is None else pack_candidates(cand, search),
-            "lookup_nodes": list(self.lookup_nodes),
+            "lookup_nodes": list(self.lookup_nodes), "budget": self.budget,
             "timings": {k: round(v, 6) for k, v in self.timings.items()}, "elapsed": round(self.elapsed, 6),
             "stop_reason": self.stop_reason,
         }
@@ -137,6 +139,7 @@ class StepRecord:
             rows_tokens=None if d.get("rows_tokens") is None else arrays(d["rows_tokens"]).astype(np.int64),
             rows_probs=None if d.get("rows_probs") is None else arrays(d["rows_probs"]).astype(np.float64),
             candidates=cand or None, lookup_nodes=[int(i) for i in d.get("lookup_nodes", [])],
+            budget=d.get("budget"),
             timings={k: float(v) for k, v in d.get("timings", {}).items()}, elapsed=float(d.get("elapsed", 0.0)),
             stop_reason=d.get("stop_reason"))
 

@@ -59,6 +59,20 @@ class TokenTree:
         """Every root-to-leaf path (the reference's retrieve_indices, without padding)."""
         return [self.path_to(leaf) for leaf in self.leaves()]
 
+    def follow(self, tokens: list[int]) -> tuple[list[int], int | None]:
+        """Walk down from the root along `tokens` (the target's choices): the accepted path and the bonus token
+        (None when `tokens` end inside the tree)."""
+        children: dict[int, dict[int, int]] = {}
+        for n in range(1, len(self)):
+            children.setdefault(self.parents[n], {}).setdefault(self.tokens[n], n)
+        path = [0]
+        for tok in tokens:
+            nxt = children.get(path[-1], {}).get(tok)
+            if nxt is None:
+                return path, tok
+            path.append(nxt)
+        return path, None
+
     def with_branch(self, drafts: list[int], max_new: int) -> tuple["TokenTree", list[int]]:
         """This tree plus the path root -> drafts[0] -> drafts[1] ..., sharing the nodes it already has.
         At most `max_new` nodes are added (the path is cut there). Returns the tree and the added node indices."""

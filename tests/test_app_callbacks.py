@@ -13,7 +13,7 @@ from app.engine import Engine
 from app.lanes import DONE, REPLAY, STOPPED, Lane, replay_lane, round_robin
 from app.options import MAX_PROMPT_CHARS
 from app.session import Session
-from app.whatif import REPLAYED, VERIFIED, follow_tokens, what_if
+from app.whatif import REPLAYED, VERIFIED, what_if
 from dart_core.acceptance import SamplingConfig
 from dart_core.trace import Trace
 from dart_core.tree import TokenTree
@@ -264,9 +264,9 @@ def test_file_name_in_message_is_escaped(tmp_path):
 # ---------------------------------------------------------------------------------------------- what-if
 def test_follow_tokens():
     tree = TokenTree([1, 5, 6, 7, 8], [-1, 0, 0, 1, 3])
-    assert follow_tokens(tree, [5, 7, 8, 9]) == ([0, 1, 3, 4], 9)
-    assert follow_tokens(tree, [6, 3]) == ([0, 2], 3)
-    assert follow_tokens(tree, [5]) == ([0, 1], None)
+    assert tree.follow([5, 7, 8, 9]) == ([0, 1, 3, 4], 9)
+    assert tree.follow([6, 3]) == ([0, 2], 3)
+    assert tree.follow([5]) == ([0, 1], None)
 
 
 def test_what_if_same_knobs_reproduces_the_recorded_step():
@@ -361,8 +361,6 @@ def test_app_wiring_queue_cancels_and_no_tracebacks(tmp_path):
 
 
 def test_lookup_branch_option_grafts_prompt_lookup_onto_darts_trees(cb):
-    from app.whatif import follow_tokens
-
     session = Session()
     # a repetitive prompt, so the lookup finds earlier n-grams to copy
     run_all(cb, session, *run_args("ab ab ab ab ab ab", max_new_tokens=16), False, True)
@@ -375,6 +373,6 @@ def test_lookup_branch_option_grafts_prompt_lookup_onto_darts_trees(cb):
     # what-if reruns only the search: the recorded branch is still a whole path of the new tree
     again = what_if(dart, step.index, SearchConfig(node_budget=1, beam_width=4, topk=6), cb.engine.ngram,
                     cb.engine.loaded.stop_ids, cb.engine.verifier(SamplingConfig()))
-    path, _ = follow_tokens(again.tree, branch + [-1])
+    path, _ = again.tree.follow(branch + [-1])
     assert len(path) - 1 == len(branch) and again.lookup_nodes
     assert len(again.tree) - 1 <= 1 + len(branch)

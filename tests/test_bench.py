@@ -238,9 +238,9 @@ def _count_loads(monkeypatch):
     loads = []
     real = bench_loop.load_target
 
-    def counting_load(model, device, dtype):
+    def counting_load(model, device, dtype, recalibrate=False):
         loads.append(dtype)
-        return real(model, device, dtype)
+        return real(model, device, dtype, recalibrate)
 
     monkeypatch.setattr(bench_loop, "load_target", counting_load)
     return loads

@@ -49,6 +49,9 @@ def test_cli_traces_record_one_vocabulary_and_typed_settings(cli_traces):
         assert s.model == "default" and s.dtype == "fp32" and s.stop_ids and s.max_new_tokens == 24
         assert (s.search is not None) == uses_head(method) and (s.draft is not None) == uses_head(method)
         assert (s.lookup_tokens == 5) == (method == "dart_pld")
+        assert s.auto_budget == uses_head(method)             # the default: a budget sized to this machine
+        if uses_head(method):
+            assert all(step.budget["auto"] and 1 <= step.budget["nodes"] <= 60 for step in trace.steps[1:])
         assert all(t in trace.token_text for t in trace.mentioned_tokens())   # replayable with no tokenizer
         outputs[method] = trace.output_ids
     assert len({tuple(o) for o in outputs.values()}) == 1                    # greedy: all lossless

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..acceptance import SamplingConfig
+from ..budget import AutoBudget
 from ..draft_head import DraftConfig, DraftHead, DraftHeadError
 from ..context_ngram import ContextNGram
 from ..errors import DartError
@@ -20,6 +21,7 @@ from ..proposers import DartProposer, HeadDrafter, PromptLookupProposer, Propose
 from ..target import TargetModel
 from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
+from .calibration import cost_curve, kernel_plan
 from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
 from .models import DEFAULT_MODEL, ModelLoadError, load_model_and_tokenizer, parse_dtype
 from .ngram_tables import ensure_default_ngram
@@ -29,12 +31,17 @@ class SetupError(DartError):
     """Pieces that do not fit together (a table for another vocabulary, DART without a head, ...)."""
 
 
-def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "fp32") -> TargetModel:
+def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "fp32",
+                recalibrate: bool = False) -> TargetModel:
+    """The target, with its decoder linears on the kernels measured fastest on this machine (cached per machine;
+    recalibrate measures again)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here")
     parse_dtype(dtype)  # a clear error before the slow load
     hf_model, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
-    return TargetModel(hf_model, tokenizer)
+    target = TargetModel(hf_model, tokenizer)
+    target.use_kernels(kernel_plan(target, recalibrate))
+    return target
 
 
 def stop_ids(target: TargetModel) -> frozenset[int]:
@@ -83,7 +90,8 @@ def check_ngram_fits(table, target: TargetModel) -> None:
 
 def build_proposer(method: str, target: TargetModel, head: DraftHead | None = None, table: NGramModel | None = None,
                    search_config: SearchConfig | None = None, pld_tokens: int = PLD_TOKENS, pld_ngram: int = PLD_NGRAM,
-                   context_weight: float = 0.0, lookup_tokens: int | None = None) -> Proposer:
+                   context_weight: float = 0.0, lookup_tokens: int | None = None,
+                   auto_budget: AutoBudget | None = None) -> Proposer:
     """A proposer from pieces already loaded (the app loads them once and builds a proposer per run).
     context_weight > 0 adds the prompt's and the output's own n-grams to the table (ContextNGram);
     lookup_tokens is the length of dart_pld's prompt-lookup branch (None: LOOKUP_TOKENS)."""
@@ -99,18 +107,26 @@ def build_proposer(method: str, target: TargetModel, head: DraftHead | None = No
             table = ContextNGram(table, weight=context_weight)
         lookup = (PromptLookupProposer(max_ngram=pld_ngram, num_tokens=lookup_tokens or LOOKUP_TOKENS)
                   if method == DART_PLD else None)
-        return DartProposer(HeadDrafter(head, target), search_config, table, eos_ids=stop_ids(target), lookup=lookup)
+        return DartProposer(HeadDrafter(head, target), search_config, table, eos_ids=stop_ids(target), lookup=lookup,
+                            auto_budget=auto_budget)
     raise SetupError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
 
 
 def make_proposer(method: str, target: TargetModel, draft: str | None = "default", ngram: str | None = "default",
                   search_config: SearchConfig | None = None, pld_tokens: int = PLD_TOKENS, pld_ngram: int = PLD_NGRAM,
-                  context_weight: float = 0.0, lookup_tokens: int | None = None) -> Proposer:
+                  context_weight: float = 0.0, lookup_tokens: int | None = None,
+                  auto_budget: AutoBudget | None = None) -> Proposer:
     """Load what `method` needs (draft head, n-gram table) by name and build its proposer."""
     head = load_draft(draft, target) if uses_head(method) else None
     table = load_ngram(ngram) if uses_head(method) else None
     return build_proposer(method, target, head, table, search_config, pld_tokens, pld_ngram, context_weight,
-                          lookup_tokens)
+                          lookup_tokens, auto_budget)
+
+
+def auto_budget(target: TargetModel, model_name: str, search: SearchConfig, recalibrate: bool = False) -> AutoBudget:
+    """A node budget chosen as the run goes, on this machine's measured verify cost curve (measured once, cached),
+    starting from search.node_budget."""
+    return AutoBudget(cost_curve(target, model_name, recalibrate), start=search.node_budget)
 
 
 @dataclass
@@ -131,13 +147,16 @@ class Loaded:
         return stop_ids(self.target)
 
     def proposer(self, method: str, search: SearchConfig | None = None, lookup_tokens: int | None = None,
-                 context_weight: float = 0.0) -> Proposer:
+                 context_weight: float = 0.0, auto: bool = False, recalibrate: bool = False) -> Proposer:
+        """auto: DART's node budget chosen as the run goes (search.node_budget is where it starts)."""
+        budget = auto_budget(self.target, self.model, search or SearchConfig(), recalibrate) \
+            if auto and uses_head(method) else None
         return build_proposer(method, self.target, self.head, self.table, search, context_weight=context_weight,
-                              lookup_tokens=lookup_tokens)
+                              lookup_tokens=lookup_tokens, auto_budget=budget)
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt_text: str, sampling: SamplingConfig,
                   search: SearchConfig | None, max_new_tokens: int, lookup_tokens: int | None = None,
-                  context_weight: float = 0.0) -> Trace:
+                  context_weight: float = 0.0, auto: bool = False) -> Trace:
         """An empty trace of a run of `method` with these settings: what every trace records of how it was made."""
         head = uses_head(method)
         settings = RunSettings(
@@ -145,16 +164,16 @@ class Loaded:
             device=self.device, dtype=self.dtype, sampling=sampling, search=search if head else None,
             max_new_tokens=max_new_tokens, stop_ids=sorted(self.stop_ids),
             lookup_tokens=(lookup_tokens or LOOKUP_TOKENS) if method == DART_PLD else None,
-            ngram_context_weight=context_weight if head else 0.0)
+            ngram_context_weight=context_weight if head else 0.0, auto_budget=auto and head)
         trace = Trace(method=method, prompt_ids=list(prompt_ids), prompt_text=prompt_text, settings=settings)
         trace.name_tokens(self.target.tokenizer, prompt_ids)
         return trace
 
 
 def load(model: str = DEFAULT_MODEL, draft: str | None = "default", ngram: str | None = "default",
-         device: str = "cpu", dtype: str = "fp32", with_head: bool = True) -> Loaded:
+         device: str = "cpu", dtype: str = "fp32", with_head: bool = True, recalibrate: bool = False) -> Loaded:
     """Load the target and, with_head, the draft head and the n-gram table, all by name."""
-    target = load_target(model, device, dtype)
+    target = load_target(model, device, dtype, recalibrate)
     if not with_head:
         return Loaded(target, model=model, device=device, dtype=dtype)
     head, table = load_draft(draft, target), load_ngram(ngram)

@@ -31,6 +31,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram", default="default", help="'default', 'none', or an n-gram .npz file")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="fp32", choices=DTYPE_CHOICES)
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure this machine's kernels and verify cost curve again (they are cached per machine)")
 
 
 def add_method_arg(p: argparse.ArgumentParser) -> None:
@@ -41,8 +43,10 @@ def add_method_arg(p: argparse.ArgumentParser) -> None:
 def add_search_args(p: argparse.ArgumentParser) -> None:
     d = SearchConfig()
     g = p.add_argument_group("tree search knobs")
-    g.add_argument("--node-budget", type=int, default=None,
-                   help="draft tree nodes besides the root (default: 8 on CPU, measured; 60 elsewhere)")
+    g.add_argument("--node-budget", default="auto",
+                   help="draft tree nodes besides the root, or 'auto' (the default): chosen as the run goes for the "
+                        "most tokens per second on this machine's measured verify cost, starting from 8 on CPU "
+                        "(60 elsewhere)")
     g.add_argument("--beam-width", type=int, default=d.beam_width)
     g.add_argument("--topk-per-row", type=int, default=d.topk, help="candidates per draft row")
     g.add_argument("--ngram-weight", type=float, default=d.ngram_weight)
@@ -59,8 +63,18 @@ def search_config_from(args) -> SearchConfig:
     if lookup_tokens is not None and lookup_tokens < 1:
         raise CliError("--lookup-tokens must be at least 1")
     budget = args.node_budget
-    if budget is None:
+    if budget in (None, "auto"):
         budget = default_search_config(getattr(args, "device", "cpu")).node_budget
+    else:
+        try:
+            budget = int(budget)
+        except ValueError:
+            raise CliError(f"--node-budget takes a number or 'auto', got {args.node_budget!r}") from None
     return SearchConfig(topk=args.topk_per_row, beam_width=args.beam_width, node_budget=budget,
                         level_exponent=args.level_exponent, logit_decay=args.logit_decay,
                         ngram_weight=args.ngram_weight).validate()
+
+
+def auto_budget_from(args) -> bool:
+    """Whether DART's node budget is chosen as the run goes (--node-budget auto)."""
+    return getattr(args, "node_budget", "auto") in (None, "auto")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 
 from ..acceptance import SamplingConfig
 from ..decoding import GenerationConfig, generate
@@ -12,7 +13,7 @@ from ..methods import uses_head
 from ..setup.chat import encode_prompt
 from ..setup.files import check_writable
 from ..setup.loading import load
-from .args import CliError, add_method_arg, add_model_args, add_search_args, search_config_from
+from .args import CliError, add_method_arg, add_model_args, add_search_args, auto_budget_from, search_config_from
 
 
 def register(sub) -> None:
@@ -46,13 +47,16 @@ def cmd_generate(args) -> int:
         raise CliError(f"--trace-top must be >= 0, got {args.trace_top}")
     if args.trace:
         check_writable(args.trace)   # before minutes of decoding, not after
-    loaded = load(args.model, args.draft, args.ngram, args.device, args.dtype, with_head=uses_head(args.method))
+    auto = auto_budget_from(args)
+    loaded = load(args.model, args.draft, args.ngram, args.device, args.dtype, with_head=uses_head(args.method),
+                  recalibrate=args.recalibrate)
     target = loaded.target
     gen_cfg.stop_ids = loaded.stop_ids
-    proposer = loaded.proposer(args.method, search_cfg, args.lookup_tokens, args.ngram_context_weight)
+    proposer = loaded.proposer(args.method, search_cfg, args.lookup_tokens, args.ngram_context_weight, auto,
+                               args.recalibrate)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, raw=args.raw)
     trace = loaded.new_trace(args.method, prompt_ids, args.prompt, sampling, search_cfg, args.max_new_tokens,
-                             args.lookup_tokens, args.ngram_context_weight)
+                             args.lookup_tokens, args.ngram_context_weight, auto)
     metrics = Metrics()
     for step in generate(target, proposer, prompt_ids, gen_cfg):
         trace.steps.append(step)
@@ -65,10 +69,23 @@ def cmd_generate(args) -> int:
         trace.save(args.trace, top_candidates=args.trace_top)
     result = {"method": args.method, "token_ids": trace.output_ids, "text": text, "steps": metrics.verify_steps,
               "tau": round(metrics.tau, 4), "tokens_per_s": round(metrics.tokens_per_s, 3),
-              "stop_reason": trace.steps[-1].stop_reason, "metrics": metrics.to_dict()}
+              "stop_reason": trace.steps[-1].stop_reason, "metrics": metrics.to_dict(),
+              "hardware": target.hardware.to_dict(), "kernels": target.fast_linears.summary() if target.fast_linears else None,
+              "node_budget": budget_summary(trace)}
     if args.json:
         print(json.dumps(result))
     else:
         print(f"\n[{args.method}] {metrics.new_tokens} tokens, {metrics.verify_steps} steps, tau {metrics.tau:.2f}, "
               f"{metrics.tokens_per_s:.1f} tok/s", file=sys.stderr)
     return 0
+
+
+def budget_summary(trace) -> dict | None:
+    """The node budgets the run's DART steps used, and the last automatic choice with its reasons."""
+    budgets = [s.budget for s in trace.steps if s.budget]
+    if not budgets:
+        return None
+    used = Counter(b["nodes"] for b in budgets)
+    choice = next((b["choice"] for b in reversed(budgets) if b.get("choice")), None)
+    return {"auto": bool(budgets[-1].get("auto")), "start": budgets[0]["nodes"],
+            "used": {str(k): v for k, v in sorted(used.items())}, "last_choice": choice}

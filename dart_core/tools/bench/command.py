@@ -61,6 +61,7 @@ def write_report(plan: BenchPlan, progress: Progress, runs_file: Path, started: 
         "methods": plan.methods, "temperatures": plan.temperatures, "top_p": plan.top_p, "top_k": plan.top_k,
         "seed": plan.seed, "max_new_tokens": plan.max_new_tokens, "limit": plan.limit, "warmup": plan.warmup,
         "pld_tokens": plan.pld_tokens, "pld_ngram": plan.pld_ngram, "search": plan.search.to_dict(),
+        "node_budget": "auto" if plan.auto_budget else plan.search.node_budget,
         "workloads": list(plan.workload_info), "prompts_file": plan.prompts_file,
     }
     report["environment"] = {

@@ -14,7 +14,9 @@ import torch
 from tqdm import tqdm
 
 from ...setup.chat import encode_prompt
-from ...setup.loading import load_target, make_proposer, stop_ids
+from ...methods import uses_head
+from ...setup.calibration import cost_curve
+from ...setup.loading import auto_budget, load_target, make_proposer, stop_ids
 from .methods import is_hf
 from .plan import BenchPlan
 from .prompts import BenchPrompt, prompt_ident, skip_prompt
@@ -54,11 +56,19 @@ def decode_all(plan: BenchPlan, progress: Progress, runs_file: RunsFile, bar: tq
 def decode_dtype(plan: BenchPlan, dtype: str, progress: Progress, runs_file: RunsFile, bar: tqdm) -> None:
     """Load the target in `dtype`, drop the prompts too long for it, warm up, then decode the runs not yet done."""
     bar.set_description(f"bench {dtype}: loading")
-    target = load_target(plan.model, plan.device, dtype)
+    target = load_target(plan.model, plan.device, dtype, plan.recalibrate)
     stops = stop_ids(target)
+
+    def budget(method):   # each DART method learns its own acceptance per budget
+        return auto_budget(target, plan.model, plan.search) if plan.auto_budget and uses_head(method) else None
+
     proposers = {m: make_proposer(m, target, plan.draft, plan.ngram, plan.search, plan.pld_tokens, plan.pld_ngram,
-                                  plan.ngram_context_weight, plan.lookup_tokens)
+                                  plan.ngram_context_weight, plan.lookup_tokens, budget(m))
                  for m in plan.methods if not is_hf(m)}
+    machine = progress.environment.setdefault("machine", {})
+    machine[dtype] = {"hardware": target.hardware.to_dict(), "summary": target.hardware.describe(),
+                      "kernels": target.fast_linears.summary() if target.fast_linears else None,
+                      "cost_curve": cost_curve(target, plan.model).to_dict() if plan.auto_budget else None}
     progress.prompts = fitting_prompts(plan, target, progress.prompts, runs_file)
     progress.environment.setdefault("target", {"vocab_size": target.vocab_size, "layers": target.num_layers,
                                                "hidden_size": target.hidden_size, "stop_ids": sorted(stops)})

@@ -11,7 +11,7 @@ from ...methods import uses_head
 from ...setup.files import check_writable
 from ...setup.ngram_tables import ensure_default_ngram
 from ...tree_search import SearchConfig
-from ..args import CliError, search_config_from
+from ..args import CliError, auto_budget_from, search_config_from
 from .options import check_numbers, parse_dtypes, parse_methods, parse_temperatures, split_list
 from .prompts import BenchPrompt, load_prompts
 
@@ -31,6 +31,8 @@ class BenchPlan:
     ngram: str                           # resolved: the default table's file when a DART method runs
     device: str
     search: SearchConfig
+    auto_budget: bool                    # DART's node budget chosen as the run goes (search.node_budget: the start)
+    recalibrate: bool                    # measure the machine's kernels and cost curve again
     max_new_tokens: int
     top_p: float
     top_k: int
@@ -68,7 +70,7 @@ def plan_from_args(args) -> BenchPlan:
     return BenchPlan(
         methods=methods, dtypes=dtypes, temperatures=temps, prompts=prompts, workload_info=workload_info,
         out_path=out_path, model=args.model, draft=args.draft, ngram=ngram, device=args.device, search=search,
-        max_new_tokens=args.max_new_tokens, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+        auto_budget=auto_budget_from(args), recalibrate=args.recalibrate, max_new_tokens=args.max_new_tokens, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         pld_tokens=args.pld_tokens, pld_ngram=args.pld_ngram, lookup_tokens=getattr(args, "lookup_tokens", None),
         ngram_context_weight=args.ngram_context_weight, warmup=args.warmup, limit=args.limit,
         prompts_file=args.prompts, threads=args.threads, resume=args.resume, progress=progress)

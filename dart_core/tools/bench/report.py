@@ -12,6 +12,8 @@ Definitions (per method, dtype, temperature and workload, summed over its prompt
                 apples-to-apples figure between hf_pld and pld; hf_pld may already accept drafts in its prefill).
   phase_share   ours: each of draft/search/verify/accept's share of their summed time, prefill excluded
                 (Metrics.phase_share); None for hf_*.
+  node_budgets  DART: verify steps per node budget used (with --node-budget auto, the budgets the run chose; the
+                machine's cost curve and kernels are in environment.machine)
   identical     greedy only: outputs token-identical to the reference plain decoding in the same dtype (hf_generate
                 when it runs, else vanilla); every divergence is listed with its first differing position.
 Outputs are cut after the first stop token for every method before they are counted or compared.
@@ -109,6 +111,7 @@ class Cell:
             "tokens_per_forward": _round(self.tokens_per_forward()),
             "acceptance_by_depth": None if m is None else [round(x, 4) for x in m.acceptance_by_depth],
             "accepted_hist": None if m is None else list(m.accepted_hist),
+            "node_budgets": None if m is None or not m.node_budgets else dict(m.node_budgets),
             "phase_share": None if m is None else {p: round(s, 4) for p, s in m.phase_share.items()},
             "phase_time": None if m is None else {k: round(v, 4) for k, v in m.phase_time.items()},
             "identical": self.identical if greedy else None,

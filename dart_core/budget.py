@@ -1,0 +1,143 @@
+"""A tree sized to the hardware: the node budget that maximises expected tokens per second.
+
+    rate(b) = E[tokens per step | b] / (drafting and search time + t(1 + nodes(b)))
+
+t(k) is the machine's measured verify cost curve. E[tokens per step | b] is learnt from the run's own steps, exactly:
+the beam search's candidate pool does not depend on the budget (the tree is the pool's top b by score), so once the
+target's own continuation after a step is known (it is what the following steps commit), the tokens that step would
+have accepted under every budget b can be read off its pool. A candidate always ranks after its parent, so a step
+accepts under budget b as many tokens of the target's path as have a pool rank below b. With a prompt-lookup branch
+the tree also holds the branch's nodes, and the step accepts at least the branch's agreement with the target.
+
+For greedy decoding these counts are exact; under sampling they use the sampled continuation, an estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .tree_search import Candidates
+
+MAX_BUDGET = 60          # the reference's tree size: the largest budget considered
+RECHOOSE_EVERY = 4       # verify steps between two choices (each choice uses every step settled so far)
+MIN_STEPS = 2            # settled steps before the first choice replaces the starting budget
+
+
+@dataclass
+class BudgetChoice:
+    budget: int
+    expected_tokens: float           # per verify step, the bonus token included
+    expected_tokens_per_s: float
+    steps_seen: int                  # settled steps the estimate comes from
+    start_tokens_per_s: float        # the same estimate for the starting budget, for comparison
+    start: int
+
+    def to_dict(self) -> dict:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+@dataclass
+class _Pending:
+    position: int              # index of the step's root in the context
+    token: np.ndarray          # the pool's columns needed to follow a path through it
+    parent: np.ndarray
+    rank: np.ndarray           # each candidate's place in the pool's ranking (0 = first into the tree)
+    branch: list[int]          # the prompt-lookup branch's tokens (empty without one)
+    rows: int                  # the pool's depth
+
+
+def pool_ranks(c: Candidates) -> np.ndarray:
+    """The search's own ranking of its pool (score first, shallower on ties), as a rank per candidate."""
+    order = np.lexsort((c.level, -c.score))
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank
+
+
+def path_ranks(token: np.ndarray, parent: np.ndarray, rank: np.ndarray, path: list[int]) -> np.ndarray:
+    """The pool ranks of the candidates spelling `path` from the root, as far as the pool holds it."""
+    out, prev = [], -1
+    for t in path:
+        hit = np.flatnonzero((parent == prev) & (token == t))
+        if not hit.size:
+            break
+        prev = int(hit[0])
+        out.append(rank[prev])
+    return np.asarray(out, dtype=np.int64)
+
+
+class AutoBudget:
+    """Chooses the node budget as the run goes: `budget_for` before each search, `remember` after it."""
+
+    def __init__(self, curve, start: int, max_budget: int = MAX_BUDGET):
+        self.curve, self.start, self.max_budget = curve, int(start), int(max_budget)
+        self.budgets = np.arange(self.max_budget + 1)
+        self.accepted = np.zeros(self.max_budget + 1)    # summed over settled steps, per budget
+        self.nodes = np.zeros(self.max_budget + 1)
+        self.steps = 0                                   # settled steps
+        self.overhead, self._timed = 0.0, 0              # mean seconds of drafting and search per step
+        self.pending: list[_Pending] = []
+        self.budget, self.choice = self.start, None
+        self._since_choice = 0
+
+    def reset(self) -> None:
+        """A new prompt: its context is unrelated to the pending steps' (what was learnt stays)."""
+        self.pending = []
+
+    def budget_for(self, context: list[int]) -> int:
+        """The budget of the next step, re-chosen every few steps from everything settled so far."""
+        self._settle(context)
+        self._since_choice += 1
+        if self.steps >= MIN_STEPS and (self.choice is None or self._since_choice >= RECHOOSE_EVERY):
+            self.choice, self._since_choice = self.best(), 0
+            self.budget = self.choice.budget
+        return self.budget
+
+    def remember(self, context: list[int], candidates: Candidates | None, branch: list[int], seconds: float) -> None:
+        """Keep this step's pool until the target's continuation after it is known."""
+        self._timed += 1
+        self.overhead += (seconds - self.overhead) / self._timed
+        if candidates is None or not len(candidates):
+            return
+        self.pending.append(_Pending(len(context) - 1, candidates.token, candidates.parent, pool_ranks(candidates),
+                                     list(branch), int(candidates.level.max()) + 1))
+
+    def _settle(self, context: list[int]) -> None:
+        keep = []
+        for p in self.pending:
+            future = context[p.position + 1:]
+            if len(future) < p.rows:      # the target has not yet said enough after this step
+                keep.append(p)
+                continue
+            self._add(p, future[:p.rows])
+        self.pending = keep
+
+    def _add(self, p: _Pending, target_path: list[int]) -> None:
+        b = self.budgets[:, None]
+        ranks = path_ranks(p.token, p.parent, p.rank, target_path)
+        accepted = (ranks[None, :] < b).sum(1)
+        nodes = np.minimum(self.budgets, len(p.rank)).astype(np.float64)
+        if p.branch:
+            agree = next((i for i, (x, y) in enumerate(zip(p.branch, target_path)) if x != y),
+                         min(len(p.branch), len(target_path)))
+            accepted = np.maximum(accepted, agree)
+            shared = (path_ranks(p.token, p.parent, p.rank, p.branch)[None, :] < b).sum(1)
+            nodes = nodes + len(p.branch) - shared
+        self.accepted += accepted
+        self.nodes += nodes
+        self.steps += 1
+
+    def rate(self, budget: int) -> tuple[float, float]:
+        """(expected tokens per step, expected tokens per second) under `budget`, from the settled steps."""
+        tokens = 1.0 + self.accepted[budget] / max(self.steps, 1)
+        nodes = self.nodes[budget] / max(self.steps, 1)
+        return tokens, tokens / (self.overhead + self.curve.time(1 + nodes))
+
+    def best(self) -> BudgetChoice:
+        rates = [self.rate(b)[1] for b in range(1, self.max_budget + 1)]
+        budget = 1 + int(np.argmax(rates))
+        tokens, per_s = self.rate(budget)
+        start = min(self.start, self.max_budget)
+        return BudgetChoice(budget, tokens, per_s, self.steps, self.rate(start)[1], start)

@@ -1,0 +1,71 @@
+"""What this machine can do, from torch's own queries: never assumed from one machine's results.
+
+The engine takes a kernel path only where the capability it needs is here (oneDNN's bf16 path needs AVX-512 BW/VL/DQ
+or AVX-NE-CONVERT, and raises on an AVX2-only CPU). Tests build a `Hardware` with capabilities turned off to check
+that every fallback runs and stays lossless.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+import torch
+
+
+@dataclass(frozen=True)
+class Hardware:
+    device: str = "cpu"          # "cpu" or a CUDA device
+    name: str = ""               # the CPU's or GPU's model name
+    capability: str = ""         # torch's CPU capability level (DEFAULT, AVX2, AVX512, ...) or the CUDA compute level
+    threads: int = 1             # torch's intra-op threads
+    onednn: bool = False         # oneDNN kernels on this CPU
+    onednn_bf16: bool = False    # oneDNN's bf16 path (native bf16 instructions)
+    onednn_fp16: bool = False
+    mkl: bool = False            # MKL's packed GEMM (fp32)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.startswith("cpu")
+
+    def describe(self) -> str:
+        """One line for a report header: 'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no'."""
+        if not self.is_cpu:
+            return f"{self.name} · {self.capability}"
+        return (f"{self.name or 'unknown CPU'} · {self.capability} · {self.threads} threads · "
+                f"bf16 kernels: {'yes' if self.onednn_bf16 else 'no'}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def without(self, *capabilities: str) -> "Hardware":
+        """This machine with some capabilities turned off (for tests and for comparing kernel paths)."""
+        return Hardware(**{**asdict(self), **{c: False for c in capabilities}})
+
+
+def detect(device: str = "cpu") -> Hardware:
+    """The machine the engine runs on now (threads are read at each call: they can be changed at run time)."""
+    device = str(device)
+    if device.startswith("cuda"):
+        index = torch.device(device).index or 0
+        major, minor = torch.cuda.get_device_capability(index)
+        return Hardware(device, torch.cuda.get_device_name(index), f"sm_{major}{minor}", torch.get_num_threads())
+    onednn = torch.backends.mkldnn.is_available()
+    return Hardware("cpu", cpu_name(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), onednn,
+                    onednn and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+                    onednn and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),
+                    torch.backends.mkl.is_available())
+
+
+@lru_cache(maxsize=1)
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, platform elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

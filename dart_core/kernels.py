@@ -1,0 +1,174 @@
+"""The target's decoder linears through the kernel measured fastest on this machine for the rows at hand.
+
+A verify forward has a few rows (the tree's nodes). On CPUs, torch's default GEMM is slow for 2-16 rows: on the
+2-core AMD EPYC (AVX2) a 576x1536 linear takes 81 us for 1 row and 160 us for 2, while oneDNN with the weight packed
+once takes 57 / 72 us, and a whole 8-token forward of SmolLM2-135M drops from 2.1 to 1.5 one-token forwards. Which
+kernel wins depends on the CPU, the shape, the dtype and the threads, so it is measured per machine (`measure_plan`,
+a second or two) and cached by the set-up code.
+
+The swap lives only inside `FastLinears.active()`, around the engine's own forwards: the transformers model is never
+modified, so `model.generate` stays an honest baseline. The price is one packed copy of each swapped weight
+(`FastLinears.extra_bytes`).
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .hardware import Hardware
+
+DEFAULT, ONEDNN = "default", "onednn"
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)   # rows measured; a forward of r rows uses the first bucket >= r
+PACK_HINT = 8                            # the row count oneDNN packs the weights for
+
+
+def shape_key(linear: torch.nn.Linear) -> str:
+    w = linear.weight
+    return f"{w.shape[1]}x{w.shape[0]}{'+b' if linear.bias is not None else ''}:{str(w.dtype).removeprefix('torch.')}"
+
+
+def available_kernels(hardware: Hardware, dtype: torch.dtype) -> list[str]:
+    """The kernels this machine can run for `dtype` (default always; oneDNN on a CPU that has its path)."""
+    kernels = [DEFAULT]
+    if hardware.is_cpu and hardware.onednn and (dtype == torch.float32 or (dtype == torch.bfloat16 and
+                                                                           hardware.onednn_bf16)):
+        kernels.append(ONEDNN)
+    return kernels
+
+
+@dataclass
+class KernelPlan:
+    """The kernel chosen for each linear shape at each row bucket, and the timings (us) it was chosen from."""
+    choices: dict[str, list[str]] = field(default_factory=dict)
+    timings: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    buckets: tuple[int, ...] = ROW_BUCKETS
+
+    def kernel_for(self, key: str, rows: int) -> str:
+        chosen = self.choices.get(key)
+        if not chosen or rows > self.buckets[-1]:
+            return DEFAULT      # a prefill: many rows, measured by nobody, served well by the default GEMM
+        return chosen[next(i for i, b in enumerate(self.buckets) if rows <= b)]
+
+    def uses(self, kernel: str) -> bool:
+        return any(kernel in c for c in self.choices.values())
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "buckets": list(self.buckets)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelPlan":
+        return cls({k: list(v) for k, v in d["choices"].items()}, d.get("timings", {}), tuple(d["buckets"]))
+
+
+class _Packed:
+    """One linear's weight packed for oneDNN."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        self.linear = linear
+        self._pack()
+
+    def _pack(self) -> None:
+        w = self.linear.weight
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT)
+        self.bias = None if self.linear.bias is None else self.linear.bias.detach()
+        self.version = (w.data_ptr(), w._version)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.linear.weight
+        if (w.data_ptr(), w._version) != self.version:   # the weights were changed or moved: pack them again
+            self._pack()
+        flat = x.reshape(-1, x.shape[-1])
+        y = torch.ops.mkldnn._linear_pointwise(flat, self.weight, self.bias, "none", [], "")
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+@torch.inference_mode()
+def measure_plan(linears: list[torch.nn.Linear], hardware: Hardware, rounds: int = 2) -> KernelPlan:
+    """Time every available kernel on every distinct shape at every row bucket and keep the fastest. Each timing
+    runs over all the model's linears of that shape, with their own weights, as a forward does: one weight alone
+    would stay in the cache and favour the wrong kernel. A kernel whose output differs from the default's is never
+    chosen."""
+    plan = KernelPlan()
+    groups: dict[str, list[torch.nn.Linear]] = {}
+    for m in linears:
+        groups.setdefault(shape_key(m), []).append(m)
+    for key, group in groups.items():
+        first = group[0]
+        kernels = available_kernels(hardware, first.weight.dtype)
+        if len(kernels) == 1:
+            continue
+        fns = {DEFAULT: [lambda x, m=m: F.linear(x, m.weight, m.bias) for m in group]}
+        if ONEDNN in kernels:
+            fns[ONEDNN] = [_Packed(m) for m in group]
+        times: dict[str, list[float]] = {k: [] for k in fns}
+        for rows in plan.buckets:
+            x = torch.randn(rows, first.in_features, dtype=first.weight.dtype, device=first.weight.device)
+            ref = fns[DEFAULT][0](x)
+            for name, layer_fns in fns.items():
+                same = name == DEFAULT or torch.allclose(layer_fns[0](x).float(), ref.float(), rtol=1e-2, atol=1e-3)
+                times[name].append(_best_time(layer_fns, x, rounds) * 1e6 if same else float("inf"))
+        plan.timings[key] = {k: [round(t, 2) for t in v] for k, v in times.items()}
+        plan.choices[key] = [min(times, key=lambda k: times[k][i]) for i in range(len(plan.buckets))]
+    return plan
+
+
+def _best_time(fns, x, rounds: int) -> float:
+    """Seconds of one pass over `fns` (one call each), the best of `rounds` after a warm-up pass."""
+    best = float("inf")
+    for i in range(rounds + 1):
+        t0 = time.perf_counter()
+        for fn in fns:
+            fn(x)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+class FastLinears:
+    """The decoder linears, each computed by its plan's kernel for the rows of the forward, inside `active()`."""
+
+    def __init__(self, linears: list[torch.nn.Linear], plan: KernelPlan):
+        self.plan = plan
+        self.linears = [m for m in linears if self.plan.choices.get(shape_key(m))]
+        self.packed = {id(m): _Packed(m) for m in self.linears if ONEDNN in plan.choices[shape_key(m)]}
+
+    @property
+    def extra_bytes(self) -> int:
+        """Memory of the packed copies (the original weights stay for transformers' own forwards)."""
+        return sum(m.weight.numel() * m.weight.element_size() for m in self.linears if id(m) in self.packed)
+
+    def summary(self) -> dict:
+        """Which kernel each shape uses per row bucket, and the memory of the packed copies."""
+        return {"buckets": list(self.plan.buckets), "choices": self.plan.choices,
+                "extra_mb": round(self.extra_bytes / 2**20, 1)}
+
+    @contextmanager
+    def active(self):
+        for m in self.linears:
+            m.forward = types.MethodType(self._forward(m), m)
+        try:
+            yield
+        finally:
+            for m in self.linears:
+                del m.forward   # back to nn.Linear.forward
+
+    def _forward(self, linear: torch.nn.Linear):
+        key, packed, plan = shape_key(linear), self.packed.get(id(linear)), self.plan
+
+        def forward(module, x):
+            rows = x.numel() // x.shape[-1]
+            if packed is not None and plan.kernel_for(key, rows) == ONEDNN:
+                return packed(x)
+            return F.linear(x, module.weight, module.bias)
+        return forward
+
+
+def decoder_linears(model) -> list[torch.nn.Linear]:
+    """Every nn.Linear inside the decoder layers (the output layer has its own fast path in target.py)."""
+    return [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)]

@@ -1,0 +1,124 @@
+"""Measurements of this machine, cached in the user cache: the kernel per linear shape, and the verify cost curve.
+
+Both depend on the CPU (its model and capability level), torch's version, the threads, the dtype and the model's
+shapes, and take a few seconds: they are measured at the first load with those and read back afterwards.
+`recalibrate=True` (the command line's --recalibrate) measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..kernels import KernelPlan, decoder_linears, measure_plan, shape_key
+from ..target import TargetModel
+from ..tree import TokenTree
+from .defaults import cache_root
+from .files import write_atomic
+
+CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # verify sizes (tree nodes + root) measured
+CURVE_CONTEXT = 256        # tokens in the cache when the curve is measured: a typical prompt plus some output
+FORMAT = "dart-lab-calibration/1"
+
+
+@dataclass
+class CostCurve:
+    """t(k): seconds of one verify forward of k tokens on this machine, for the loaded model, dtype and threads."""
+    rows: tuple[int, ...]
+    seconds: tuple[float, ...]
+    context: int = CURVE_CONTEXT
+
+    def time(self, k: int) -> float:
+        """t(k), linear between the measured sizes (and beyond the largest, along its last segment)."""
+        rows, secs = self.rows, self.seconds
+        if k <= rows[0]:
+            return secs[0]
+        for (a, ta), (b, tb) in zip(zip(rows, secs), zip(rows[1:], secs[1:])):
+            if k <= b:
+                return ta + (tb - ta) * (k - a) / (b - a)
+        (a, ta), (b, tb) = (rows[-2], secs[-2]), (rows[-1], secs[-1])
+        return tb + (tb - ta) * (k - b) / (b - a)
+
+    def relative(self, k: int) -> float:
+        """t(k) / t(1): what a verify of k tokens costs in one-token forwards."""
+        return self.time(k) / self.seconds[0]
+
+    def to_dict(self) -> dict:
+        return {"rows": list(self.rows), "seconds": [round(s, 6) for s in self.seconds], "context": self.context}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostCurve":
+        return cls(tuple(int(r) for r in d["rows"]), tuple(float(s) for s in d["seconds"]), int(d["context"]))
+
+
+def machine_key(target: TargetModel, what: str, extra: str = "") -> str:
+    """What a measurement depends on, as a file name: the machine, torch, threads and the model's shapes."""
+    hw = target.hardware
+    shapes = sorted({shape_key(m) for m in decoder_linears(target.model)})
+    ident = json.dumps([FORMAT, what, hw.name, hw.capability, hw.threads, torch.__version__, str(target.dtype),
+                        shapes, extra])
+    return f"{what}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+
+
+def _cached(name: str, recalibrate: bool, measure, read, write, label: str):
+    path = cache_root() / "calibration" / name
+    if path.is_file() and not recalibrate:
+        try:
+            return read(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            pass   # a damaged cache file is measured again
+    t0 = time.perf_counter()
+    record = write(measure())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(record)))
+    print(f"[dart] measured {label} on this machine in {time.perf_counter() - t0:.1f} s (cached in {path})",
+          file=sys.stderr, flush=True)
+    return read(record)   # exactly what later loads will read back
+
+
+def kernel_plan(target: TargetModel, recalibrate: bool = False) -> KernelPlan | None:
+    """The kernel per linear shape and row count for this machine (None where only the default kernel exists)."""
+    if not target.hardware.is_cpu:
+        return None
+    linears = decoder_linears(target.model)
+    plan = _cached(machine_key(target, "kernels"), recalibrate, lambda: measure_plan(linears, target.hardware),
+                   KernelPlan.from_dict, KernelPlan.to_dict, "the kernels per shape")
+    return plan if plan.choices else None
+
+
+@torch.inference_mode()
+def measure_cost_curve(target: TargetModel, rows=CURVE_ROWS, context: int = CURVE_CONTEXT,
+                       rounds: int = 2) -> CostCurve:
+    """Time one verify forward of k tokens (a chain: the mask does not change the cost) after `context` tokens."""
+    context = min(context, target.max_positions - max(rows) - 1)
+    cache = target.new_cache()
+    ids = [i % target.vocab_size for i in range(100, 100 + context)]
+    target.prefill(ids, cache)
+    best = []
+    for k in rows:
+        tree = TokenTree.chain(ids[-1], ids[:k - 1])
+        times = []
+        for _ in range(rounds + 1):   # the first is a warm-up
+            t0 = time.perf_counter()
+            target.verify(tree, cache)
+            if target.device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            target.rollback(cache, context)
+        best.append(min(times[1:]))
+    return CostCurve(tuple(rows), tuple(best), context)
+
+
+def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) -> CostCurve:
+    """t(k) for the loaded model on this machine (measured with the kernels in use)."""
+    kernels = json.dumps(target.fast_linears.plan.to_dict()["choices"], sort_keys=True) \
+        if target.fast_linears is not None else ""
+    name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}")
+    return _cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
+                   "the verify cost curve")

@@ -1,0 +1,120 @@
+"""Capabilities and kernels: each kernel path only where the machine has it, every fallback lossless, the swap
+confined to our own forwards, and the measurements cached per machine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dart_core.decoding import GenerationConfig, run
+from dart_core.hardware import Hardware, detect
+from dart_core.kernels import DEFAULT, ONEDNN, ROW_BUCKETS, KernelPlan, available_kernels, decoder_linears, \
+    measure_plan, shape_key
+from dart_core.proposers import DartProposer, HeadDrafter
+from dart_core.setup import calibration
+from dart_core.setup.calibration import CostCurve, measure_cost_curve
+from dart_core.target import TargetModel, onednn_applies
+from dart_core.tree_search import SearchConfig
+from tests.tiny import OracleDrafter, plain_greedy_reference, random_head, tiny_target
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch was built without oneDNN")
+PROMPTS = [[1, 5, 9, 13, 17], [1, 40, 41, 42, 40, 41, 42, 40], [1, 3]]
+
+
+def all_onednn(target: TargetModel) -> KernelPlan:
+    keys = {shape_key(m) for m in decoder_linears(target.model)}
+    return KernelPlan({k: [ONEDNN] * len(ROW_BUCKETS) for k in keys})
+
+
+def greedy_outputs(target: TargetModel, proposer, n: int = 20) -> list[list[int]]:
+    return [run(target, proposer, p, GenerationConfig(max_new_tokens=n)).output_ids for p in PROMPTS]
+
+
+def test_detect_reads_torchs_own_queries():
+    hw = detect()
+    assert hw.is_cpu and hw.capability == torch.backends.cpu.get_cpu_capability()
+    assert hw.threads == torch.get_num_threads() and hw.onednn == torch.backends.mkldnn.is_available()
+    assert hw.onednn_bf16 == (hw.onednn and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+    off = hw.without("onednn", "onednn_bf16")
+    assert not off.onednn and not off.onednn_bf16 and off.name == hw.name
+    assert hw.capability in hw.describe() and "threads" in hw.describe()
+
+
+def test_bf16_kernels_only_where_the_cpu_has_them():
+    linear = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    with_bf16 = Hardware(onednn=True, onednn_bf16=True)
+    without = Hardware(onednn=True, onednn_bf16=False)   # an AVX2-only CPU: oneDNN's bf16 path would raise
+    assert onednn_applies(linear, with_bf16) and not onednn_applies(linear, without)
+    assert available_kernels(without, torch.bfloat16) == [DEFAULT]
+    assert available_kernels(without, torch.float32) == [DEFAULT, ONEDNN]
+    assert available_kernels(Hardware(), torch.float32) == [DEFAULT]
+
+
+def test_every_capability_off_decodes_losslessly_in_fp32_and_runs_in_bf16():
+    for dtype in (torch.float32, torch.bfloat16):
+        base = tiny_target("llama", seed=3, dtype=dtype)
+        target = TargetModel(base.model, hardware=detect().without("onednn", "onednn_bf16", "mkl"))
+        assert target.output_head is None
+        target.use_kernels(measure_plan(decoder_linears(target.model), target.hardware))
+        assert target.fast_linears.plan.choices == {}           # nothing but the default kernel to choose from
+        dart = DartProposer(HeadDrafter(random_head(target, n_mask=3, seed=1), target), SearchConfig(node_budget=8))
+        outs = greedy_outputs(target, dart)
+        if dtype == torch.float32:
+            assert outs == [plain_greedy_reference(target, p, 20) for p in PROMPTS]
+        else:
+            assert all(len(o) == 20 for o in outs)
+
+
+@needs_onednn
+def test_onednn_linears_give_the_default_logits_and_stay_lossless():
+    target = tiny_target("llama", seed=4)
+    expected = [plain_greedy_reference(target, p, 24) for p in PROMPTS]
+    ids, pos = torch.tensor([1, 7, 9, 11]), torch.arange(4)
+    plain, _ = target.forward(ids, pos, target.new_cache())
+    target.use_kernels(all_onednn(target))
+    assert target.fast_linears.extra_bytes == sum(m.weight.numel() * 4 for m in decoder_linears(target.model))
+    fast, _ = target.forward(ids, pos, target.new_cache())
+    assert torch.allclose(plain, fast, atol=1e-4, rtol=1e-4)
+    dart = DartProposer(OracleDrafter(target, n_rows=3), SearchConfig(node_budget=10))
+    assert greedy_outputs(target, dart, 24) == expected
+    # the swap lives only inside our forwards: transformers' own model is untouched
+    assert all("forward" not in m.__dict__ for m in decoder_linears(target.model))
+    out = target.model.generate(input_ids=torch.tensor([PROMPTS[0]]), max_new_tokens=24, do_sample=False)
+    assert out[0, len(PROMPTS[0]):].tolist() == expected[0]
+
+
+@needs_onednn
+def test_the_measured_plan_only_chooses_kernels_that_agree():
+    target = tiny_target("llama", seed=5)
+    linears = decoder_linears(target.model)
+    plan = measure_plan(linears, detect(), rounds=1)
+    assert set(plan.choices) == {shape_key(m) for m in linears}
+    for key, choice in plan.choices.items():
+        assert len(choice) == len(ROW_BUCKETS) and set(choice) <= {DEFAULT, ONEDNN}
+        timings = plan.timings[key]
+        for i, kernel in enumerate(choice):   # the chosen kernel is the fastest measured
+            assert timings[kernel][i] == min(t[i] for t in timings.values())
+    assert plan.kernel_for(next(iter(plan.choices)), 500) == DEFAULT    # a prefill: the default GEMM
+    assert KernelPlan.from_dict(plan.to_dict()) == plan
+
+
+def test_cost_curve_interpolates_and_is_cached_per_machine(tmp_path, monkeypatch):
+    curve = CostCurve((1, 2, 4), (0.010, 0.012, 0.020))
+    assert curve.time(3) == pytest.approx(0.016) and curve.time(8) == pytest.approx(0.036)
+    assert curve.relative(4) == pytest.approx(2.0) and curve.time(1) == 0.010
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+    target = tiny_target("llama", seed=6)
+    calls = []
+
+    def counting(t):
+        calls.append(1)
+        return measure_cost_curve(t, rows=(1, 2, 4), context=16, rounds=1)
+
+    monkeypatch.setattr(calibration, "measure_cost_curve", counting)
+    first = calibration.cost_curve(target, "tiny")
+    assert first.rows == (1, 2, 4) and all(s > 0 for s in first.seconds)
+    assert calibration.cost_curve(target, "tiny") == first and len(calls) == 1       # read back, not measured
+    calibration.cost_curve(target, "tiny", recalibrate=True)
+    calibration.cost_curve(target, "another model")
+    assert len(calls) == 3
+    assert len(list((tmp_path / "calibration").glob("cost-*.json"))) == 2
