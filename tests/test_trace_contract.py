@@ -72,10 +72,10 @@ def test_every_cli_trace_replays_in_the_app(method, cli_traces):
     for i in range(len(lane.trace.steps)):
         view = cb.step_view(session, lane.key, i)
         assert view["step_info"] and view["tree"] is not None
-    if uses_head(method):       # what-if with the recorded knobs rebuilds the recorded trees (greedy replay)
+    if uses_head(method):       # what-if with the step's own knobs rebuilds the recorded trees (greedy replay)
         search = lane.trace.settings.search
         for step in lane.trace.steps[1:]:
-            wi = cb.what_if(session, lane.key, step.index, search.node_budget, search.beam_width, search.topk,
+            wi = cb.what_if(session, lane.key, step.index, step.budget["nodes"], search.beam_width, search.topk,
                             search.ngram_weight, search.level_exponent, search.logit_decay)
             assert "recorded greedy output" in wi["wi_info"]
             assert f"Recorded</b>: {len(step.tree) - 1} nodes, {step.accepted} accepted" in wi["wi_info"]
