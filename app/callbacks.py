@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 LANE_OUTPUTS = {key: f"lane_{key}" for key in LANE_ORDER}
 STEP_OUTPUTS = ("step", "step_info", "tree", "table", "heatmap")
-CHART_OUTPUTS = ("chart_accept", "chart_position", "chart_time")
+CHART_OUTPUTS = ("chart_accept", "chart_position", "chart_time", "chart_cost")
 WHATIF_KNOBS = ("node_budget", "beam_width", "topk", "ngram_weight", "level_exponent", "logit_decay")
 WHATIF_OUTPUTS = tuple(f"wi_{k}" for k in WHATIF_KNOBS)
 CHART_EVERY = 4          # refresh the run charts every this many steps of the viewed lane while generating
@@ -133,7 +133,8 @@ class Callbacks:
         return {"chart_accept": figures.accepted_length_figure(traces),
                 "chart_position": figures.acceptance_by_position_figure(traces),
                 "chart_time": figures.time_split_figure(lane.trace, lane.key) if lane else
-                figures.message_figure("no run yet")}
+                figures.message_figure("no run yet"),
+                "chart_cost": figures.cost_figure(dart.trace if (dart := session.lanes.get(DART)) else None)}
 
     def lane_pick(self, session: Session, key: str | None = None) -> dict:
         keys = list(session.lanes)
@@ -190,9 +191,10 @@ class Callbacks:
     # ------------------------------------------------------------------ events
     def run(self, session: Session | None, prompt, use_pld, temperature, top_p, top_k, max_new_tokens, seed,
             node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay,
-            show_pruned=False, lookup_branch=False) -> Iterator[dict]:
+            show_pruned=False, lookup_branch=False, auto_budget=False) -> Iterator[dict]:
         """Generate with plain decoding and DART (and prompt lookup), interleaved step by step.
-        lookup_branch: DART's trees also get prompt lookup's copied continuation as one more branch."""
+        lookup_branch: DART's trees also get prompt lookup's copied continuation as one more branch;
+        auto_budget: DART's node budget is chosen as the run goes (node_budget is where it starts)."""
         session = session or Session()
         try:
             if not self.engine.can_generate:
@@ -210,8 +212,8 @@ class Callbacks:
         lanes = []
         for key in keys:
             method = self.engine.method_of(key, bool(lookup_branch))
-            trace = self.engine.new_trace(method, prompt_ids, prompt, sampling, search, max_new)
-            steps = self.engine.steps(method, prompt_ids, sampling, search, max_new)
+            trace = self.engine.new_trace(method, prompt_ids, prompt, sampling, search, max_new, bool(auto_budget))
+            steps = self.engine.steps(method, prompt_ids, sampling, search, max_new, bool(auto_budget))
             lanes.append(Lane(key, trace, steps, on_step=self.engine.name_step))
         session.new_run(lanes)
         session.running = True

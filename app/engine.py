@@ -86,7 +86,8 @@ class Engine:
     def describe(self) -> str:
         """What is loaded, for the page header."""
         s = self.loaded
-        return f"Model: {s.model} · draft head: {s.draft} · n-gram: {s.ngram} · {s.device} / {s.dtype}"
+        return (f"Model: {s.model} · draft head: {s.draft} · n-gram: {s.ngram} · {s.dtype} · "
+                f"{self.target.hardware.describe()}")
 
     # ------------------------------------------------------------------ generation
     def encode(self, text: str) -> list[int]:
@@ -103,18 +104,18 @@ class Engine:
         """The decoding method a lane runs: the DART lane runs dart_pld when the lookup branch is on."""
         return DART_PLD if lane == DART and lookup_branch else lane
 
-    def proposer(self, method: str, search: SearchConfig) -> Proposer:
-        return self.loaded.proposer(method, search)
+    def proposer(self, method: str, search: SearchConfig, auto: bool = False) -> Proposer:
+        return self.loaded.proposer(method, search, auto=auto)
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt: str, sampling: SamplingConfig,
-                  search: SearchConfig, max_new_tokens: int) -> Trace:
-        return self.loaded.new_trace(method, prompt_ids, prompt, sampling, search, max_new_tokens)
+                  search: SearchConfig, max_new_tokens: int, auto: bool = False) -> Trace:
+        return self.loaded.new_trace(method, prompt_ids, prompt, sampling, search, max_new_tokens, auto=auto)
 
     def steps(self, method: str, prompt_ids: list[int], sampling: SamplingConfig, search: SearchConfig,
-              max_new_tokens: int):
+              max_new_tokens: int, auto: bool = False):
         """The step generator of one lane (lazy: nothing runs before the first `next()`)."""
         config = GenerationConfig(max_new_tokens, sampling, stop_ids=self.loaded.stop_ids)
-        return generate(self.target, self.proposer(method, search), prompt_ids, config)
+        return generate(self.target, self.proposer(method, search, auto), prompt_ids, config)
 
     def name_step(self, trace: Trace, step) -> None:
         """Record the text of the tokens a new step mentions (replays need no tokenizer)."""

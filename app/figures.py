@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 
 from dart_core.methods import DART, PLD, VANILLA
 from dart_core.metrics import Metrics
+from dart_core.setup.calibration import CostCurve
 from dart_core.trace import PHASES, Trace
 from dart_core.tree import TokenTree
 from dart_core.tree_search import BEAM_CUT, KEPT, LOW_NGRAM, Candidates
@@ -368,4 +369,39 @@ def time_split_figure(trace: Trace, lane: str = "") -> go.Figure:
     fig.update_layout(title={"text": f"Time per step{f' ({name})' if name else ''}", "x": 0.01}, barmode="stack",
                       xaxis={"title": "step"}, yaxis={"title": "ms"}, height=300,
                       margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- cost on this machine
+def cost_figure(trace: Trace | None) -> go.Figure:
+    """The trade-off of speculative decoding on the machine a DART trace ran on: what a verify of k tokens costs in
+    one-token forwards (t(k)/t(1), measured), and the speedup over plain decoding each node budget is expected to
+    give with the acceptance this run measured; the budget the run chose is marked."""
+    machine = trace.settings.machine if trace is not None else None
+    curve = CostCurve.from_dict(machine["cost_curve"]) if machine and machine.get("cost_curve") else None
+    if curve is None:
+        return message_figure("Run DART with an automatic node budget to see what trees cost on this machine.")
+    choice = next((s.budget["choice"] for s in reversed(trace.steps) if s.budget and s.budget.get("choice")), None)
+    ks = list(range(1, curve.rows[-1] + 1))
+    fig = go.Figure(go.Scatter(x=[k - 1 for k in ks], y=[curve.relative(k) for k in ks], mode="lines",
+                               name="verify cost t(1+n) / t(1)", line={"color": "#4fc3f7"},
+                               hovertemplate="%{x} draft nodes: a verify costs %{y:.2f} one-token forwards"
+                                             "<extra></extra>"))
+    if choice and choice.get("tokens_by_budget"):
+        t1, overhead = curve.seconds[0], choice.get("overhead_s", 0.0)
+        budgets = list(range(1, len(choice["tokens_by_budget"])))
+        speedup = [choice["tokens_by_budget"][b] * t1 / (overhead + curve.time(1 + choice["nodes_by_budget"][b]))
+                   for b in budgets]
+        fig.add_trace(go.Scatter(x=budgets, y=speedup, mode="lines", name="expected speedup over plain decoding",
+                                 line={"color": "#ef6c00"},
+                                 hovertemplate="node budget %{x}: expected %{y:.2f}× plain decoding<extra></extra>"))
+        b = choice["budget"]   # 0: plain decoding won (no drafting), its speedup over itself is 1
+        fig.add_trace(go.Scatter(x=[b], y=[speedup[b - 1] if b else 1.0], mode="markers+text", name="chosen budget",
+                                 text=[f"chosen: {b}" if b else "chosen: plain decoding"],
+                                 textposition="top center", marker={"color": "#2e7d32", "size": 12}))
+    hardware = plotly_escape(machine.get("summary", ""))
+    fig.update_layout(title={"text": f"Cost on this machine<br><sup>{hardware}</sup>", "x": 0.01},
+                      xaxis={"title": "draft nodes (node budget)"}, yaxis={"title": "× one-token forward"},
+                      height=320, margin={"l": 10, "r": 10, "t": 60, "b": 40},
+                      legend={"orientation": "h", "y": -0.25})
     return fig

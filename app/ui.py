@@ -118,6 +118,10 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
                     for knob in SAMPLING_KNOBS:
                         comps[knob.name] = _slider(knob)
                 with gr.Accordion("Tree knobs", open=False):
+                    comps["auto_budget"] = gr.Checkbox(
+                        label="Automatic node budget", value=True, elem_id="auto-budget",
+                        info="chosen as the run goes for the most tokens per second on this machine; the node "
+                             "budget below is where it starts")
                     for knob in TREE_KNOBS:
                         comps[knob.name] = _slider(knob)
                 with gr.Accordion("Traces: download or replay", open=not engine.can_generate):
@@ -180,7 +184,7 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
         view_in = [c["state"], c["lane"], c["step"], c["show_pruned"]]
         hidden = {"api_visibility": "undocumented"}
         run_inputs = [c["state"], c["prompt"], c["use_pld"], *(c[k.name] for k in SAMPLING_KNOBS),
-                      *(c[k.name] for k in TREE_KNOBS), c["show_pruned"], c["lookup_branch"]]
+                      *(c[k.name] for k in TREE_KNOBS), c["show_pruned"], c["lookup_branch"], c["auto_budget"]]
         run = _bind(cb.run, OUTPUT_NAMES)
         # One model, one run at a time across all sessions: the others wait in the queue (shown on the lanes).
         model_event = {"concurrency_limit": 1, "concurrency_id": MODEL_EVENTS, "show_progress": "minimal",

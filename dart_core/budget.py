@@ -10,11 +10,15 @@ accepts under budget b as many tokens of the target's path as have a pool rank b
 the tree also holds the branch's nodes, and the step accepts at least the branch's agreement with the target.
 
 For greedy decoding these counts are exact; under sampling they use the sampled continuation, an estimate.
+
+Where no budget beats plain decoding (1 token per t(1), no drafting at all), the choice is budget 0: the proposer
+then skips the draft head and the search, so DART costs what plain decoding costs, except for one probe step every
+PROBE_EVERY steps that keeps measuring whether drafting pays again.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -23,6 +27,7 @@ from .tree_search import Candidates
 MAX_BUDGET = 60          # the reference's tree size: the largest budget considered
 RECHOOSE_EVERY = 4       # verify steps between two choices (each choice uses every step settled so far)
 MIN_STEPS = 2            # settled steps before the first choice replaces the starting budget
+PROBE_EVERY = 8          # while plain decoding is chosen, draft one step in this many to keep measuring
 
 
 @dataclass
@@ -33,9 +38,17 @@ class BudgetChoice:
     steps_seen: int                  # settled steps the estimate comes from
     start_tokens_per_s: float        # the same estimate for the starting budget, for comparison
     start: int
+    plain_tokens_per_s: float = 0.0  # plain decoding on the same cost curve: what budget 0 gives
+    best_drafting: int = 0           # the best budget above 0 (what a probe step uses)
+    overhead_s: float = 0.0          # mean drafting and search time per step
+    tokens_by_budget: list[float] = field(default_factory=list)   # expected tokens per step for budget 0, 1, ...
+    nodes_by_budget: list[float] = field(default_factory=list)    # expected tree nodes (the lookup branch's too)
 
     def to_dict(self) -> dict:
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        def r(v):
+            return [round(float(x), 3) for x in v] if isinstance(v, list) else round(float(v), 4) \
+                if isinstance(v, float) else v
+        return {k: r(v) for k, v in asdict(self).items()}
 
 
 @dataclass
@@ -87,12 +100,16 @@ class AutoBudget:
         self.pending = []
 
     def budget_for(self, context: list[int]) -> int:
-        """The budget of the next step, re-chosen every few steps from everything settled so far."""
+        """The budget of the next step, re-chosen every few steps from everything settled so far; 0 means plain
+        decoding (no drafting), except on probe steps."""
         self._settle(context)
         self._since_choice += 1
-        if self.steps >= MIN_STEPS and (self.choice is None or self._since_choice >= RECHOOSE_EVERY):
+        every = PROBE_EVERY if self.budget == 0 else RECHOOSE_EVERY
+        if self.steps >= MIN_STEPS and (self.choice is None or self._since_choice >= every):
             self.choice, self._since_choice = self.best(), 0
             self.budget = self.choice.budget
+            if self.budget == 0:
+                return self.choice.best_drafting   # the first plain step is a probe: measuring goes on
         return self.budget
 
     def remember(self, context: list[int], candidates: Candidates | None, branch: list[int], seconds: float) -> None:
@@ -137,7 +154,12 @@ class AutoBudget:
 
     def best(self) -> BudgetChoice:
         rates = [self.rate(b)[1] for b in range(1, self.max_budget + 1)]
-        budget = 1 + int(np.argmax(rates))
-        tokens, per_s = self.rate(budget)
+        drafting = 1 + int(np.argmax(rates))
+        plain = 1.0 / self.curve.time(1)
+        budget = drafting if rates[drafting - 1] >= plain else 0
+        tokens, per_s = self.rate(drafting) if budget else (1.0, plain)
         start = min(self.start, self.max_budget)
-        return BudgetChoice(budget, tokens, per_s, self.steps, self.rate(start)[1], start)
+        n = max(self.steps, 1)
+        return BudgetChoice(budget, float(tokens), float(per_s), self.steps, float(self.rate(start)[1]), start,
+                            plain_tokens_per_s=plain, best_drafting=drafting, overhead_s=self.overhead,
+                            tokens_by_budget=list(1.0 + self.accepted / n), nodes_by_budget=list(self.nodes / n))

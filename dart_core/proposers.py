@@ -144,6 +144,7 @@ class DartProposer(Proposer):
         """auto_budget: choose the node budget as the run goes (search_config.node_budget is where it starts)."""
         self.drafter = drafter
         self.auto_budget = auto_budget
+        self._unread: torch.Tensor | None = None   # features of steps decoded plainly, not yet read by the head
         self.search_config = (search_config or SearchConfig()).validate()
         self.ngram = ngram
         self.eos_ids = frozenset(eos_ids)
@@ -153,6 +154,7 @@ class DartProposer(Proposer):
 
     def reset(self):
         self.drafter.reset()
+        self._unread = None
         if self.auto_budget is not None:
             self.auto_budget.reset()
         if hasattr(self.ngram, "reset"):  # a context-adaptive table forgets the previous prompt
@@ -163,9 +165,14 @@ class DartProposer(Proposer):
         config, budget = self.search_config, None
         if self.auto_budget is not None:
             chosen = self.auto_budget.budget_for(context)
-            config = replace(config, node_budget=chosen)
             choice = self.auto_budget.choice
             budget = {"nodes": chosen, "auto": True, **({"choice": choice.to_dict()} if choice else {})}
+            if chosen == 0:   # plain decoding pays best here: no draft, no search; the head catches up later
+                self._unread = new_features if self._unread is None else torch.cat([self._unread, new_features])
+                return Proposal(TokenTree([context[-1]], [-1]), budget=budget)
+            config = replace(config, node_budget=chosen)
+        if self._unread is not None:
+            new_features, self._unread = torch.cat([self._unread, new_features]), None
         if hasattr(self.ngram, "observe"):
             self.ngram.observe(context)
         logits = self.drafter.draft(context, new_features)                  # [R, Vd]

@@ -57,6 +57,7 @@ class RunSettings:
     lookup_tokens: int | None = None    # dart_pld: the length of the prompt-lookup branch
     ngram_context_weight: float = 0.0
     auto_budget: bool = False           # DART: the node budget chosen as the run goes (search.node_budget: the start)
+    machine: dict | None = None         # where it ran: {"hardware": Hardware.to_dict(), "cost_curve": CostCurve...}
     own_time_s: float | None = None     # the app's lane time: its own steps only (lanes take turns on one CPU)
     top_candidates: int | None = None   # set when the file keeps only the best N candidates of each step
 

@@ -376,3 +376,21 @@ def test_lookup_branch_option_grafts_prompt_lookup_onto_darts_trees(cb):
     path, _ = again.tree.follow(branch + [-1])
     assert len(path) - 1 == len(branch) and again.lookup_nodes
     assert len(again.tree) - 1 <= 1 + len(branch)
+
+
+def test_an_automatic_budget_runs_and_draws_the_cost_on_this_machine(engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))     # the tiny model's curve: measured here
+    cb = Callbacks(engine, tmp_path / "out")
+    session = Session()
+    run_all(cb, session, *run_args("hello there", max_new_tokens=40), False, False, True)
+    dart, plain = session.lanes["dart"].trace, session.lanes["vanilla"].trace
+    assert dart.output_ids == plain.output_ids                                     # still lossless
+    assert dart.settings.auto_budget and dart.settings.machine["cost_curve"]["rows"][0] == 1
+    assert all(s.budget["auto"] for s in dart.steps[1:])
+    chosen = [s.budget["choice"]["budget"] for s in dart.steps[1:] if s.budget.get("choice")]
+    assert chosen, "no budget was chosen in 40 tokens"
+    fig = cb.charts(session, "dart")["chart_cost"]
+    names = [t.name for t in fig.data]
+    assert names[:2] == ["verify cost t(1+n) / t(1)", "expected speedup over plain decoding"]
+    assert list(fig.data[2].x) == [chosen[-1]]                                    # the chosen budget, marked
+    assert "threads" in fig.layout.title.text                                      # which machine it was

@@ -8,6 +8,7 @@ import pytest
 
 from dart_core.budget import AutoBudget
 from dart_core.decoding import GenerationConfig, run
+from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer
 from dart_core.setup.calibration import CostCurve
@@ -63,13 +64,16 @@ def test_the_choice_follows_the_cost_curve():
             auto.remember(context, search(rows_tokens, rows_probs, context, cfg).candidates, [], 0.002)
             auto.budget_for(context + target)
         choice = choices[name] = auto.best()
-        # the choice is the best rate over every budget, by brute force on the same numbers
+        # the choice is the best rate over every budget, by brute force on the same numbers; budget 0 is plain
+        # decoding: one token per one-token forward, no drafting
         rates = {b: (1 + auto.accepted[b] / 3) / (0.002 + curve.time(1 + auto.nodes[b] / 3)) for b in range(1, 41)}
+        rates[0] = 1 / curve.time(1)
         assert choice.budget == max(rates, key=rates.get)
         assert choice.expected_tokens_per_s == pytest.approx(rates[choice.budget])
         assert choice.expected_tokens_per_s >= choice.start_tokens_per_s
     assert choices["flat"].expected_tokens == pytest.approx(5.0)      # free nodes: the whole chain is caught
-    assert choices["steep"].budget < choices["flat"].budget           # costly nodes: a smaller tree
+    assert choices["flat"].budget >= 4
+    assert choices["steep"].budget < choices["flat"].budget           # costly nodes: a smaller tree, or none
 
 
 def test_decoding_with_an_automatic_budget_is_lossless_and_records_its_choice():
@@ -85,9 +89,34 @@ def test_decoding_with_an_automatic_budget_is_lossless_and_records_its_choice():
                 budgets = [s.budget for s in trace.steps[1:]]
                 assert all(b["auto"] and b["nodes"] <= 20 for b in budgets)
                 assert all(len(s.tree) - 1 <= s.budget["nodes"] + len(s.lookup_nodes) for s in trace.steps[1:])
+                used = Metrics.from_steps(trace.steps).node_budgets      # what the bench and --json report
+                assert sum(used.values()) == len(trace.steps) - 1
+                assert used == {str(n): [b["nodes"] for b in budgets].count(n) for n in {b["nodes"] for b in budgets}}
             assert dart.auto_budget.steps > 0 and dart.auto_budget.choice is not None
-    # with the oracle's perfect chains and a steep cost, the choice leaves the starting budget
+    # with the oracle's perfect chains and nodes that cost little, the choice leaves the starting budget for the
+    # oracle's 3-token chains
+    cheap = CostCurve((1, 4, 64), (0.01, 0.011, 0.5))
     oracle = DartProposer(OracleDrafter(target, n_rows=3), SearchConfig(topk=5, beam_width=3, node_budget=6),
-                          auto_budget=AutoBudget(STEEP, start=6, max_budget=20))
+                          auto_budget=AutoBudget(cheap, start=6, max_budget=20))
     trace = run(target, oracle, prompts[0], GenerationConfig(max_new_tokens=24))
     assert trace.steps[-1].budget["nodes"] == 3 and trace.steps[-1].budget["choice"]["expected_tokens"] > 3.5
+
+
+def test_where_drafting_does_not_pay_dart_decodes_plainly_and_keeps_probing():
+    target = tiny_target("llama", seed=8)
+    prompt = [1, 30, 31, 32, 33]
+    costly = CostCurve((1, 2, 64), (0.01, 0.05, 2.0))   # any draft node costs four steps
+    dart = DartProposer(HeadDrafter(random_head(target, n_mask=3, seed=4), target),
+                        SearchConfig(topk=5, beam_width=3, node_budget=6), lookup=PromptLookupProposer(num_tokens=3),
+                        auto_budget=AutoBudget(costly, start=6, max_budget=20))
+    trace = run(target, dart, prompt, GenerationConfig(max_new_tokens=60))
+    assert trace.output_ids == plain_greedy_reference(target, prompt, 60)
+    nodes = [s.budget["nodes"] for s in trace.steps[1:]]
+    plain = [i for i, n in enumerate(nodes) if n == 0]
+    assert len(plain) > len(nodes) // 2                                   # mostly plain decoding
+    assert all(len(trace.steps[1 + i].tree) == 1 and trace.steps[1 + i].candidates is None for i in plain)
+    probes = [n for n in nodes[plain[0]:] if n > 0]
+    assert probes and len(probes) <= len(nodes[plain[0]:]) // 8 + 1      # one drafted step in PROBE_EVERY
+    choice = trace.steps[-1].budget["choice"]
+    assert choice["budget"] == 0 and choice["best_drafting"] > 0
+    assert choice["start_tokens_per_s"] < choice["plain_tokens_per_s"] == choice["expected_tokens_per_s"]

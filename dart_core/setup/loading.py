@@ -7,6 +7,7 @@ The CLI, the benchmark and the app all build their decoding pieces here, so they
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -142,9 +143,9 @@ class Loaded:
     device: str = "cpu"
     dtype: str = "fp32"
 
-    @property
+    @cached_property
     def stop_ids(self) -> frozenset[int]:
-        return stop_ids(self.target)
+        return stop_ids(self.target)   # reads the whole vocabulary: once
 
     def proposer(self, method: str, search: SearchConfig | None = None, lookup_tokens: int | None = None,
                  context_weight: float = 0.0, auto: bool = False, recalibrate: bool = False) -> Proposer:
@@ -153,6 +154,12 @@ class Loaded:
             if auto and uses_head(method) else None
         return build_proposer(method, self.target, self.head, self.table, search, context_weight=context_weight,
                               lookup_tokens=lookup_tokens, auto_budget=budget)
+
+    def machine(self, with_curve: bool = False) -> dict:
+        """The hardware, and (with_curve) the verify cost curve measured on it, as a trace records them."""
+        curve = cost_curve(self.target, self.model).to_dict() if with_curve else None
+        return {"hardware": self.target.hardware.to_dict(), "summary": self.target.hardware.describe(),
+                "cost_curve": curve}
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt_text: str, sampling: SamplingConfig,
                   search: SearchConfig | None, max_new_tokens: int, lookup_tokens: int | None = None,
@@ -164,7 +171,8 @@ class Loaded:
             device=self.device, dtype=self.dtype, sampling=sampling, search=search if head else None,
             max_new_tokens=max_new_tokens, stop_ids=sorted(self.stop_ids),
             lookup_tokens=(lookup_tokens or LOOKUP_TOKENS) if method == DART_PLD else None,
-            ngram_context_weight=context_weight if head else 0.0, auto_budget=auto and head)
+            ngram_context_weight=context_weight if head else 0.0, auto_budget=auto and head,
+            machine=self.machine(with_curve=auto and head))
         trace = Trace(method=method, prompt_ids=list(prompt_ids), prompt_text=prompt_text, settings=settings)
         trace.name_tokens(self.target.tokenizer, prompt_ids)
         return trace
