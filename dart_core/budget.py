@@ -28,6 +28,10 @@ MAX_BUDGET = 60          # the reference's tree size: the largest budget conside
 RECHOOSE_EVERY = 4       # verify steps between two choices (each choice uses every step settled so far)
 MIN_STEPS = 2            # settled steps before the first choice replaces the starting budget
 PROBE_EVERY = 8          # while plain decoding is chosen, draft one step in this many to keep measuring
+# Plain decoding is chosen only when the curve says it beats the best tree by this much: its estimate leaves out what
+# the plain mode still pays (feature taps, the head catching up, the probes). On the 2-core AVX2 EPYC, 20 prompts:
+# choosing plain at parity made `dart` 0.96x and `dart_pld` 1.18x fp32 generate, against 0.99x and 1.23x without.
+PLAIN_MARGIN = 1.1
 
 
 @dataclass
@@ -156,7 +160,7 @@ class AutoBudget:
         rates = [self.rate(b)[1] for b in range(1, self.max_budget + 1)]
         drafting = 1 + int(np.argmax(rates))
         plain = 1.0 / self.curve.time(1)
-        budget = drafting if rates[drafting - 1] >= plain else 0
+        budget = drafting if PLAIN_MARGIN * rates[drafting - 1] >= plain else 0
         tokens, per_s = self.rate(drafting) if budget else (1.0, plain)
         start = min(self.start, self.max_budget)
         n = max(self.steps, 1)

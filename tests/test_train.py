@@ -13,15 +13,20 @@ from dart_core.training.data import sequence_example
 from tests.tiny import plain_greedy_reference, tiny_target
 
 
-@pytest.fixture(scope="module")
-def data():
+def answered_prompts(n: int, low: int, high: int):
+    """The tiny target and n random prompts of 6 tokens in [low, high), each answered greedily for 20 tokens."""
     target = tiny_target("llama", vocab=96, seed=2)
     rng = random.Random(0)
     seqs = []
-    for _ in range(14):
-        prompt = [rng.randrange(3, 96) for _ in range(6)]
+    for _ in range(n):
+        prompt = [rng.randrange(low, high) for _ in range(6)]
         seqs.append(sequence_example(target, prompt, plain_greedy_reference(target, prompt, 20)))
     return target, seqs
+
+
+@pytest.fixture(scope="module")
+def data():
+    return answered_prompts(14, 3, 96)
 
 
 def test_sequence_examples_carry_the_targets_own_labels(data):
@@ -82,13 +87,7 @@ def test_training_runs_end_to_end_and_the_head_decodes_losslessly(data, tmp_path
 def repetitive():
     """Prompts over six tokens, answered greedily: the tiny target falls into repeating one token, so the head can
     learn in a few steps what the held-out sequences (other prompts over the same tokens) need."""
-    target = tiny_target("llama", vocab=96, seed=2)
-    rng = random.Random(0)
-    seqs = []
-    for _ in range(12):
-        prompt = [rng.randrange(10, 16) for _ in range(6)]
-        seqs.append(sequence_example(target, prompt, plain_greedy_reference(target, prompt, 20)))
-    return target, seqs
+    return answered_prompts(12, 10, 16)
 
 
 def test_a_few_steps_lower_the_heldout_loss(repetitive, tmp_path):
