@@ -112,6 +112,8 @@ class Callbacks:
             bits.append("prefill: the target read the prompt and chose the first token")
         else:
             bits.append(f"{len(step.tree) - 1 if step.tree else 0} draft nodes, {step.accepted} accepted")
+            if step.budget:
+                bits.append(html.escape(budget_text(step.budget)))
         bits.append(f'emitted <code class="emitted">{html.escape(emitted)}</code>')
         timing = " · ".join(f"{k} {v * 1000:.0f} ms" for k, v in step.timings.items())
         if timing:
@@ -393,6 +395,20 @@ class Callbacks:
         mine, theirs = self.engine.loaded, trace.settings
         return (theirs.model, theirs.dtype) == (mine.model, mine.dtype) and \
             max(trace.mentioned_tokens(), default=0) < self.engine.target.vocab_size
+
+
+def budget_text(budget: dict) -> str:
+    """How the step's node budget was set, in words."""
+    if not budget.get("auto"):
+        return f"node budget {budget['nodes']} (fixed)"
+    choice = budget.get("choice")
+    if budget["nodes"] == 0:
+        return "plain decoding: no tree pays on this machine (automatic budget)"
+    if not choice:
+        return f"node budget {budget['nodes']} (automatic, still measuring)"
+    probe = " · a probe step" if choice["budget"] == 0 else ""
+    return (f"node budget {budget['nodes']} (automatic: {choice['expected_tokens']:.2f} tokens per step expected, "
+            f"{choice['expected_tokens_per_s']:.1f} tok/s, from {choice['steps_seen']} steps{probe})")
 
 
 def _ensure(folder: Path) -> Path:

@@ -394,3 +394,10 @@ def test_an_automatic_budget_runs_and_draws_the_cost_on_this_machine(engine, tmp
     assert names[:2] == ["verify cost t(1+n) / t(1)", "expected speedup over plain decoding"]
     assert list(fig.data[2].x) == [chosen[-1]]                                    # the chosen budget, marked
     assert "threads" in fig.layout.title.text                                      # which machine it was
+    # the step line says how each budget was set
+    drafted = [s.index for s in dart.steps[1:] if s.budget["nodes"] and s.budget.get("choice")]
+    plain = [s.index for s in dart.steps[1:] if s.budget["nodes"] == 0]
+    assert drafted, "no drafted step after a choice"
+    assert "tokens per step expected" in cb.step_view(session, "dart", drafted[-1])["step_info"]
+    for i in plain[:1]:   # the random head does not pay on most machines: plain decoding, said plainly
+        assert "plain decoding: no tree pays" in cb.step_view(session, "dart", i)["step_info"]
