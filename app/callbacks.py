@@ -27,6 +27,7 @@ from .lanes import DONE, ERROR, LANE_ORDER, LANE_TITLES, STOPPED, Lane, lane_of,
 from .options import OptionError, check_knob, check_prompt, sampling_from, search_from
 from .pruning import fate_counts, pruning_table
 from .session import Session
+from .story import story_html
 from .text_render import lane_html, lane_text_html, token_text
 from .whatif import HOW_TEXT, is_greedy, what_if
 
@@ -127,7 +128,7 @@ class Callbacks:
                                     f"the pruning table show those; what-if still reruns the whole search"))
         if step.stop_reason:
             bits.append(f"stopped: {html.escape(step.stop_reason)}")
-        return '<div class="step-info">' + " · ".join(bits) + "</div>"
+        return '<div class="step-info">' + " · ".join(bits) + "</div>" + story_html(trace, i)
 
     def charts(self, session: Session, key: str | None) -> dict:
         traces = {k: lane.trace for k, lane in session.lanes.items()}
