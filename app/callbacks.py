@@ -17,6 +17,7 @@ from pathlib import Path
 import gradio as gr
 
 from dart_core.errors import DartError
+from dart_core.forensics import step_miss
 from dart_core.methods import DART, PLD, VANILLA
 from dart_core.trace import Trace, TraceError
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 LANE_OUTPUTS = {key: f"lane_{key}" for key in LANE_ORDER}
 STEP_OUTPUTS = ("step", "step_info", "tree", "table", "heatmap")
-CHART_OUTPUTS = ("chart_accept", "chart_position", "chart_time", "chart_cost")
+CHART_OUTPUTS = ("chart_accept", "chart_position", "chart_time", "chart_cost", "chart_missed")
 WHATIF_KNOBS = ("node_budget", "beam_width", "topk", "ngram_weight", "level_exponent", "logit_decay")
 WHATIF_OUTPUTS = tuple(f"wi_{k}" for k in WHATIF_KNOBS)
 CHART_EVERY = 4          # refresh the run charts every this many steps of the viewed lane while generating
@@ -115,6 +116,10 @@ class Callbacks:
             bits.append(f"{len(step.tree) - 1 if step.tree else 0} draft nodes, {step.accepted} accepted")
             if step.budget:
                 bits.append(html.escape(budget_text(step.budget)))
+            miss = step_miss(trace, i)
+            if miss is not None:
+                bits.append('<span class="miss">missed: ' + html.escape(miss.text(lambda t: token_text(trace, t)))
+                            + "</span>")
         bits.append(f'emitted <code class="emitted">{html.escape(emitted)}</code>')
         timing = " · ".join(f"{k} {v * 1000:.0f} ms" for k, v in step.timings.items())
         if timing:
@@ -137,7 +142,8 @@ class Callbacks:
                 "chart_position": figures.acceptance_by_position_figure(traces),
                 "chart_time": figures.time_split_figure(lane.trace, lane.key) if lane else
                 figures.message_figure("no run yet"),
-                "chart_cost": figures.cost_figure(dart.trace if (dart := session.lanes.get(DART)) else None)}
+                "chart_cost": figures.cost_figure(dart.trace if (dart := session.lanes.get(DART)) else None),
+                "chart_missed": figures.misses_figure(dart.trace if dart else None)}
 
     def lane_pick(self, session: Session, key: str | None = None) -> dict:
         keys = list(session.lanes)

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 import networkx as nx
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from dart_core.methods import DART, PLD, VANILLA
+from dart_core.forensics import REASON_TEXT, budget_effects, miss_counts
 from dart_core.metrics import Metrics
 from dart_core.setup.calibration import CostCurve
 from dart_core.trace import PHASES, Trace
@@ -404,4 +406,35 @@ def cost_figure(trace: Trace | None) -> go.Figure:
                       xaxis={"title": "draft nodes (node budget)"}, yaxis={"title": "× one-token forward"},
                       height=320, margin={"l": 10, "r": 10, "t": 60, "b": 40},
                       legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- why tokens were missed
+def misses_figure(trace: Trace | None) -> go.Figure:
+    """Over a DART run: why each step stopped short (at the first rejected position), and what other node budgets
+    would have accepted, replayed exactly from the recorded pools (greedy runs)."""
+    if trace is None or not trace.uses_tree_search:
+        return message_figure("Run DART (or upload a DART trace) to see why tokens were missed.")
+    counts = miss_counts(trace)
+    effects = budget_effects(trace)
+    if not counts:
+        return message_figure("No DART step stopped short in this run.")
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.12,
+                        subplot_titles=("why the wanted token was not accepted (steps)",
+                                        "accepted tokens another node budget would add"))
+    fig.add_trace(go.Bar(y=[plotly_escape(REASON_TEXT[r]) for r in counts], x=list(counts.values()),
+                         orientation="h", marker_color="#ef6c00", name="steps",
+                         hovertemplate="%{x} steps: %{y}<extra></extra>"), row=1, col=1)
+    if effects:
+        fig.add_trace(go.Bar(x=[str(e.budget) for e in effects], y=[e.extra_tokens for e in effects],
+                             marker_color="#2e7d32", name="tokens",
+                             customdata=[round(e.extra_nodes, 1) for e in effects],
+                             hovertemplate="node budget %{x}: %{y:+d} tokens in this run, %{customdata:+} nodes per "
+                                           "forward<extra></extra>"), row=1, col=2)
+    how = "exact: greedy" if trace.settings.sampling.greedy else "estimated: the run was sampled"
+    trimmed = " · the trace keeps part of each pool: budgets above it are underestimated" \
+        if trace.settings.top_candidates is not None else ""
+    fig.update_layout(title={"text": f"Why tokens were missed<br><sup>{plotly_escape(how + trimmed)}</sup>",
+                             "x": 0.01}, height=340, showlegend=False, margin={"l": 10, "r": 10, "t": 80, "b": 40})
+    fig.update_xaxes(title_text="node budget", row=1, col=2)
     return fig

@@ -85,6 +85,22 @@ def path_ranks(token: np.ndarray, parent: np.ndarray, rank: np.ndarray, path: li
     return np.asarray(out, dtype=np.int64)
 
 
+def accepted_by_budget(token: np.ndarray, parent: np.ndarray, rank: np.ndarray, branch: list[int],
+                       target_path: list[int], budgets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For one step's pool: the draft tokens the target would have accepted, and the tree's nodes, under each budget
+    (the tree is the pool's top b, plus the lookup branch where there is one)."""
+    b = np.asarray(budgets)[:, None]
+    accepted = (path_ranks(token, parent, rank, target_path)[None, :] < b).sum(1)
+    nodes = np.minimum(b[:, 0], len(rank)).astype(np.float64)
+    if branch:
+        agree = next((i for i, (x, y) in enumerate(zip(branch, target_path)) if x != y),
+                     min(len(branch), len(target_path)))
+        accepted = np.maximum(accepted, agree)
+        shared = (path_ranks(token, parent, rank, branch)[None, :] < b).sum(1)
+        nodes = nodes + len(branch) - shared
+    return accepted, nodes
+
+
 class AutoBudget:
     """Chooses the node budget as the run goes: `budget_for` before each search, `remember` after it."""
 
@@ -136,16 +152,7 @@ class AutoBudget:
         self.pending = keep
 
     def _add(self, p: _Pending, target_path: list[int]) -> None:
-        b = self.budgets[:, None]
-        ranks = path_ranks(p.token, p.parent, p.rank, target_path)
-        accepted = (ranks[None, :] < b).sum(1)
-        nodes = np.minimum(self.budgets, len(p.rank)).astype(np.float64)
-        if p.branch:
-            agree = next((i for i, (x, y) in enumerate(zip(p.branch, target_path)) if x != y),
-                         min(len(p.branch), len(target_path)))
-            accepted = np.maximum(accepted, agree)
-            shared = (path_ranks(p.token, p.parent, p.rank, p.branch)[None, :] < b).sum(1)
-            nodes = nodes + len(p.branch) - shared
+        accepted, nodes = accepted_by_budget(p.token, p.parent, p.rank, p.branch, target_path, self.budgets)
         self.accepted += accepted
         self.nodes += nodes
         self.steps += 1
