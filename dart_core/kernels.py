@@ -4,7 +4,7 @@ A verify forward has a few rows (the tree's nodes). On CPUs, torch's default GEM
 2-core AMD EPYC (AVX2) a 576x1536 linear takes 81 us for 1 row and 160 us for 2, while oneDNN with the weight packed
 once takes 57 / 72 us, and a whole 8-token forward of SmolLM2-135M drops from 2.1 to 1.5 one-token forwards. Which
 kernel wins depends on the CPU, the shape, the dtype and the threads, so it is measured per machine (`measure_plan`,
-a second or two) and cached by the set-up code.
+about 3 s for SmolLM2-135M on that EPYC) and cached by the set-up code.
 
 The swap lives only inside `FastLinears.active()`, around the engine's own forwards: the transformers model is never
 modified, so `model.generate` stays an honest baseline. The price is one packed copy of each swapped weight
@@ -54,9 +54,6 @@ class KernelPlan:
         if not chosen or rows > self.buckets[-1]:
             return DEFAULT      # a prefill: many rows, measured by nobody, served well by the default GEMM
         return chosen[next(i for i, b in enumerate(self.buckets) if rows <= b)]
-
-    def uses(self, kernel: str) -> bool:
-        return any(kernel in c for c in self.choices.values())
 
     def to_dict(self) -> dict:
         return {**asdict(self), "buckets": list(self.buckets)}
