@@ -6,8 +6,8 @@ The CLI, the benchmark and the app all build their decoding pieces here, so they
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 
@@ -22,7 +22,7 @@ from ..proposers import DartProposer, HeadDrafter, PromptLookupProposer, Propose
 from ..target import TargetModel
 from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
-from .calibration import cost_curve, kernel_plan
+from .calibration import cost_curve, kernel_plan, machine_record
 from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
 from .models import DEFAULT_MODEL, ModelLoadError, load_model_and_tokenizer, parse_dtype
 from .ngram_tables import ensure_default_ngram
@@ -46,6 +46,20 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "f
 
 
 def stop_ids(target: TargetModel) -> frozenset[int]:
+    """The target's end-of-sequence and end-of-turn ids. Reading them walks the whole vocabulary, so they are read
+    once per target and tokenizer (every proposer and trace of a run asks)."""
+    known = _STOP_IDS.get(target)
+    if known is not None and known[0] is target.tokenizer:
+        return known[1]
+    ids = _read_stop_ids(target)
+    _STOP_IDS[target] = (target.tokenizer, ids)
+    return ids
+
+
+_STOP_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _read_stop_ids(target: TargetModel) -> frozenset[int]:
     ids: set[int] = set()
     eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
     for value in (eos, target.config.eos_token_id, getattr(target.tokenizer, "eos_token_id", None)):
@@ -143,9 +157,9 @@ class Loaded:
     device: str = "cpu"
     dtype: str = "fp32"
 
-    @cached_property
+    @property
     def stop_ids(self) -> frozenset[int]:
-        return stop_ids(self.target)   # reads the whole vocabulary: once
+        return stop_ids(self.target)
 
     def proposer(self, method: str, search: SearchConfig | None = None, lookup_tokens: int | None = None,
                  context_weight: float = 0.0, auto: bool = False, recalibrate: bool = False) -> Proposer:
@@ -154,12 +168,6 @@ class Loaded:
             if auto and uses_head(method) else None
         return build_proposer(method, self.target, self.head, self.table, search, context_weight=context_weight,
                               lookup_tokens=lookup_tokens, auto_budget=budget)
-
-    def machine(self, with_curve: bool = False) -> dict:
-        """The hardware, and (with_curve) the verify cost curve measured on it, as a trace records them."""
-        curve = cost_curve(self.target, self.model).to_dict() if with_curve else None
-        return {"hardware": self.target.hardware.to_dict(), "summary": self.target.hardware.describe(),
-                "cost_curve": curve}
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt_text: str, sampling: SamplingConfig,
                   search: SearchConfig | None, max_new_tokens: int, lookup_tokens: int | None = None,
@@ -172,7 +180,7 @@ class Loaded:
             max_new_tokens=max_new_tokens, stop_ids=sorted(self.stop_ids),
             lookup_tokens=(lookup_tokens or LOOKUP_TOKENS) if method == DART_PLD else None,
             ngram_context_weight=context_weight if head else 0.0, auto_budget=auto and head,
-            machine=self.machine(with_curve=auto and head))
+            machine=machine_record(self.target, self.model, with_curve=auto and head))
         trace = Trace(method=method, prompt_ids=list(prompt_ids), prompt_text=prompt_text, settings=settings)
         trace.name_tokens(self.target.tokenizer, prompt_ids)
         return trace
