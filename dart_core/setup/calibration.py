@@ -122,3 +122,11 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
     name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}")
     return _cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
                    "the verify cost curve")
+
+
+def machine_record(target: TargetModel, model_name: str, with_curve: bool = False) -> dict:
+    """Where a run ran, as traces and the bench report record it: the hardware, the kernels in use, and (with_curve)
+    the verify cost curve measured on it."""
+    return {"hardware": target.hardware.to_dict(), "summary": target.hardware.describe(),
+            "kernels": target.fast_linears.summary() if target.fast_linears is not None else None,
+            "cost_curve": cost_curve(target, model_name).to_dict() if with_curve else None}

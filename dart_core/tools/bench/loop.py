@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from ...setup.chat import encode_prompt
 from ...methods import uses_head
-from ...setup.calibration import cost_curve
+from ...setup.calibration import machine_record
 from ...setup.loading import auto_budget, load_target, make_proposer, stop_ids
 from .methods import is_hf
 from .plan import BenchPlan
@@ -65,10 +65,7 @@ def decode_dtype(plan: BenchPlan, dtype: str, progress: Progress, runs_file: Run
     proposers = {m: make_proposer(m, target, plan.draft, plan.ngram, plan.search, plan.pld_tokens, plan.pld_ngram,
                                   plan.ngram_context_weight, plan.lookup_tokens, budget(m))
                  for m in plan.methods if not is_hf(m)}
-    machine = progress.environment.setdefault("machine", {})
-    machine[dtype] = {"hardware": target.hardware.to_dict(), "summary": target.hardware.describe(),
-                      "kernels": target.fast_linears.summary() if target.fast_linears else None,
-                      "cost_curve": cost_curve(target, plan.model).to_dict() if plan.auto_budget else None}
+    progress.environment.setdefault("machine", {})[dtype] = machine_record(target, plan.model, plan.auto_budget)
     progress.prompts = fitting_prompts(plan, target, progress.prompts, runs_file)
     progress.environment.setdefault("target", {"vocab_size": target.vocab_size, "layers": target.num_layers,
                                                "hidden_size": target.hidden_size, "stop_ids": sorted(stops)})
