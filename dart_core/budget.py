@@ -73,16 +73,22 @@ def pool_ranks(c: Candidates) -> np.ndarray:
     return rank
 
 
-def path_ranks(token: np.ndarray, parent: np.ndarray, rank: np.ndarray, path: list[int]) -> np.ndarray:
-    """The pool ranks of the candidates spelling `path` from the root, as far as the pool holds it."""
+def pool_path(token: np.ndarray, parent: np.ndarray, path: list[int]) -> list[int]:
+    """The pool's candidates spelling `path` from the root, as far as the pool holds it (a parent's children carry
+    distinct tokens, so the walk is unique)."""
     out, prev = [], -1
     for t in path:
         hit = np.flatnonzero((parent == prev) & (token == t))
         if not hit.size:
             break
         prev = int(hit[0])
-        out.append(rank[prev])
-    return np.asarray(out, dtype=np.int64)
+        out.append(prev)
+    return out
+
+
+def path_ranks(token: np.ndarray, parent: np.ndarray, rank: np.ndarray, path: list[int]) -> np.ndarray:
+    """The pool ranks of the candidates spelling `path` from the root, as far as the pool holds it."""
+    return rank[np.asarray(pool_path(token, parent, path), dtype=np.int64)]
 
 
 def accepted_by_budget(token: np.ndarray, parent: np.ndarray, rank: np.ndarray, branch: list[int],
@@ -113,6 +119,7 @@ class AutoBudget:
         self.overhead, self._timed = 0.0, 0              # mean seconds of drafting and search per step
         self.pending: list[_Pending] = []
         self.budget, self.choice = self.start, None
+        self.choice_record: dict | None = None          # the choice as each step records it (made once per choice)
         self._since_choice = 0
 
     def reset(self) -> None:
@@ -127,7 +134,7 @@ class AutoBudget:
         every = PROBE_EVERY if self.budget == 0 else RECHOOSE_EVERY
         if self.steps >= MIN_STEPS and (self.choice is None or self._since_choice >= every):
             self.choice, self._since_choice = self.best(), 0
-            self.budget = self.choice.budget
+            self.choice_record, self.budget = self.choice.to_dict(), self.choice.budget
             if self.budget == 0:
                 return self.choice.best_drafting   # the first plain step is a probe: measuring goes on
         return self.budget

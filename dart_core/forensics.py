@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .budget import accepted_by_budget, pool_ranks
+from .budget import accepted_by_budget, pool_path, pool_ranks
 from .trace import StepRecord, Trace
-from .tree_search import BEAM_CUT, EOS_END, KEPT, LOW_NGRAM
+from .tree_search import EOS_END, KEPT, LOW_NGRAM
 
 # Why the wanted token was not accepted, from the head's side to the verifier's.
 BEYOND, NOT_IN_TOPK, BEAM, EOS_PARENT, BUDGET, NGRAM, IN_TREE = (
@@ -71,17 +71,14 @@ def step_miss(trace: Trace, index: int) -> Miss | None:
     if wanted not in row:
         return Miss(index, depth, wanted, NOT_IN_TOPK, elsewhere=elsewhere)
     c = step.candidates
-    parent = -1
-    for t in accepted:    # the accepted path through the pool (absent where it came from the lookup branch)
-        hit = np.flatnonzero((c.parent == parent) & (c.token == t))
-        if not hit.size:
-            return None
-        parent = int(hit[0])
-    child = np.flatnonzero((c.parent == parent) & (c.token == wanted))
-    if not child.size:
+    walk = pool_path(c.token, c.parent, accepted + [wanted])
+    if len(walk) < len(accepted):   # the accepted path came from the lookup branch, outside the pool
+        return None
+    if len(walk) == len(accepted):  # the pool never held the wanted token under that path
+        parent = walk[-1] if walk else -1
         reason = EOS_PARENT if parent >= 0 and c.beam[parent] == EOS_END else BEAM
         return Miss(index, depth, wanted, reason, row_rank=row.index(wanted), elsewhere=elsewhere)
-    i = int(child[0])
+    i = walk[-1]
     rank = int(pool_ranks(c)[i])
     reason = {KEPT: IN_TREE, LOW_NGRAM: NGRAM}.get(str(c.fate[i]), BUDGET)
     return Miss(index, depth, wanted, reason, rank=rank, row_rank=row.index(wanted), elsewhere=elsewhere)

@@ -165,8 +165,8 @@ class DartProposer(Proposer):
         config, budget = self.search_config, None
         if self.auto_budget is not None:
             chosen = self.auto_budget.budget_for(context)
-            choice = self.auto_budget.choice
-            budget = {"nodes": chosen, "auto": True, **({"choice": choice.to_dict()} if choice else {})}
+            choice = self.auto_budget.choice_record
+            budget = {"nodes": chosen, "auto": True, **({"choice": choice} if choice else {})}
             if chosen == 0:   # plain decoding pays best here: no draft, no search; the head catches up later
                 self._unread = new_features if self._unread is None else torch.cat([self._unread, new_features])
                 return Proposal(TokenTree([context[-1]], [-1]), budget=budget)

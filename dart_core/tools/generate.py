@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
 
 from ..acceptance import SamplingConfig
 from ..decoding import GenerationConfig, generate
@@ -67,11 +66,12 @@ def cmd_generate(args) -> int:
     if args.trace:
         trace.name_tokens(target.tokenizer)
         trace.save(args.trace, top_candidates=args.trace_top)
+    figures = metrics.to_dict()
     result = {"method": args.method, "token_ids": trace.output_ids, "text": text, "steps": metrics.verify_steps,
               "tau": round(metrics.tau, 4), "tokens_per_s": round(metrics.tokens_per_s, 3),
-              "stop_reason": trace.steps[-1].stop_reason, "metrics": metrics.to_dict(),
+              "stop_reason": trace.steps[-1].stop_reason, "metrics": figures,
               "hardware": target.hardware.to_dict(), "kernels": target.fast_linears.summary() if target.fast_linears else None,
-              "node_budget": budget_summary(trace)}
+              "node_budget": budget_summary(trace, figures["node_budgets"])}
     if args.json:
         print(json.dumps(result))
     else:
@@ -80,12 +80,12 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def budget_summary(trace) -> dict | None:
-    """The node budgets the run's DART steps used, and the last automatic choice with its reasons."""
+def budget_summary(trace, used: dict[str, int]) -> dict | None:
+    """The node budgets the run's DART steps used (`used`: Metrics' count per budget), and the last automatic choice
+    with its reasons."""
     budgets = [s.budget for s in trace.steps if s.budget]
     if not budgets:
         return None
-    used = Counter(b["nodes"] for b in budgets)
     choice = next((b["choice"] for b in reversed(budgets) if b.get("choice")), None)
-    return {"auto": bool(budgets[-1].get("auto")), "start": budgets[0]["nodes"],
-            "used": {str(k): v for k, v in sorted(used.items())}, "last_choice": choice}
+    return {"auto": bool(budgets[-1].get("auto")), "start": budgets[0]["nodes"], "used": used,
+            "last_choice": choice}
