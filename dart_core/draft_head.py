@@ -47,6 +47,7 @@ class DraftConfig:
     standardize_features: bool = False  # per-dimension (x - mean) / std on the tapped features
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
+    double_norm: bool = False     # the authors' heads apply the final norm twice (trained so: see head_formats)
     target_name: str = ""         # which target the head was trained for (checked when both sides know)
     target_layers: int = 0
     extra: dict = field(default_factory=dict)  # provenance (training command, tokens seen, metrics)
@@ -219,6 +220,8 @@ class DraftHead(nn.Module):
         y = self.post_attn_norm(h)
         h = h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
         out = self.final_norm(h)
+        if self.config.double_norm:
+            out = self.final_norm(out)
         if output is not None:
             return output(out)
         if self.lm_head is not None:
@@ -320,19 +323,24 @@ class DraftHead(nn.Module):
             state = load_file(str(d / WEIGHTS_FILE))
         except (SafetensorError, OSError, ValueError) as exc:
             raise DraftHeadError(f"{d / WEIGHTS_FILE} is corrupt or truncated: {exc}") from None
+        return cls.from_state(config, state, d / WEIGHTS_FILE).to(device=device, dtype=dtype)
+
+    @classmethod
+    def from_state(cls, config: DraftConfig, state: dict, where, file_key=lambda key: key) -> "DraftHead":
+        """A head with `config` and the weights of `state` (our key names), every key and shape checked;
+        `file_key` names a key as the file spells it, for the messages."""
         head = cls(config)
         expected = head.state_dict()
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
         if missing:
-            raise DraftHeadError(f"{d / WEIGHTS_FILE} lacks weight {missing[0]!r}" +
+            raise DraftHeadError(f"{where} lacks weight {file_key(missing[0])!r}" +
                                  (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         if unexpected:
-            raise DraftHeadError(f"{d / WEIGHTS_FILE} has unexpected weight {unexpected[0]!r} for this config")
+            raise DraftHeadError(f"{where} has unexpected weight {file_key(unexpected[0])!r} for this config")
         for key, tensor in expected.items():
             if tuple(state[key].shape) != tuple(tensor.shape):
-                raise DraftHeadError(f"weight {key!r} has shape {tuple(state[key].shape)}, "
+                raise DraftHeadError(f"weight {file_key(key)!r} has shape {tuple(state[key].shape)}, "
                                      f"the config needs {tuple(tensor.shape)}")
         head.load_state_dict(state, strict=True)
-        head.to(device=device)
-        return head.to(dtype=dtype).eval() if dtype is not None else head.eval()
+        return head.eval()

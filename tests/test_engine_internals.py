@@ -1,14 +1,10 @@
 """Cache editing, context limits, bf16 verification, sampling through the loop, the draft head's files."""
 
 import json
-import random
-from collections import Counter
-from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, GraniteConfig
 
 from dart_core import acceptance
@@ -21,6 +17,7 @@ from dart_core.target import TargetModel
 from dart_core.trace import RunSettings, Trace, TraceError
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
+from tests.sampling_stats import chi2_pvalue, exact_joint, sample_through_the_loop
 from tests.tiny import OracleDrafter, TargetDrafter, plain_greedy_reference, random_head, tiny_target
 
 CORRECT_SAMPLING_RULE = acceptance._accept_sampling
@@ -29,16 +26,6 @@ CORRECT_SAMPLING_RULE = acceptance._accept_sampling
 @pytest.fixture(scope="module")
 def llama():
     return tiny_target("llama")
-
-
-@pytest.fixture
-def one_thread():
-    """Many one-row forwards of a tiny model: more threads only add overhead (far more with other processes on
-    the cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def cache_tensors(cache):
@@ -171,29 +158,6 @@ def test_scaled_logits_keep_the_models_own_output_layer():
     assert torch.allclose(ours, theirs, atol=1e-5)
 
 
-def exact_joint(target: TargetModel, prompt: list[int], sampling: SamplingConfig, n_tokens: int) -> dict:
-    """{sequence of n_tokens: probability} under the target's processed distribution, every sequence enumerated."""
-    joint = {(): 1.0}
-    with torch.inference_mode():
-        for _ in range(n_tokens):
-            prefixes = list(joint)
-            logits = target.model(input_ids=torch.tensor([prompt + list(k) for k in prefixes])).logits[:, -1]
-            probs = processed_probs(logits, sampling).double()
-            joint = {k + (t,): joint[k] * float(p[t])
-                     for k, p in zip(prefixes, probs) for t in torch.nonzero(p).flatten().tolist()}
-    return joint
-
-
-def chi2_pvalue(outputs: list[tuple], joint: dict, min_expected: float = 5.0) -> float:
-    """Pearson chi-square of sampled sequences against `joint`: one cell per sequence expected at least
-    `min_expected` times, one cell for all the others."""
-    n, counts = len(outputs), Counter(outputs)
-    cells = [k for k in joint if joint[k] * n >= min_expected]
-    observed = [counts[k] for k in cells]
-    expected = [joint[k] * n for k in cells]
-    return float(chisquare(observed + [n - sum(observed)], expected + [n - sum(expected)]).pvalue)
-
-
 def bonus_from_all_of_p(tree, logits, cfg, gen, children):
     """A deliberately wrong sampling rule (the negative control): where every draft below the last accepted node
     was rejected, the bonus token is drawn from the node's whole p, rejected drafts included, instead of from
@@ -203,24 +167,6 @@ def bonus_from_all_of_p(tree, logits, cfg, gen, children):
         p = processed_probs(logits[result.path[-1]], cfg).double()
         return Acceptance(result.path, int(torch.multinomial(p, 1, generator=gen)))
     return result
-
-
-def sample_through_the_loop(target, proposer, prompt, sampling: SamplingConfig, n_tokens: int, n_runs: int) -> dict:
-    """n_runs sampled decodes with fixed seeds: their outputs, and what the verify steps did."""
-    seeds = random.Random(0)
-    stats = {"outputs": [], "verify_steps": [], "accepted": 0, "compacted_then_verified": 0}
-    for _ in range(n_runs):
-        cfg = GenerationConfig(max_new_tokens=n_tokens, sampling=replace(sampling, seed=seeds.randrange(2**31)))
-        trace = run(target, proposer, prompt, cfg)
-        steps = [s for s in trace.steps if s.kind == "verify"]
-        stats["outputs"].append(tuple(trace.output_ids))
-        stats["verify_steps"].append(len(steps))
-        stats["accepted"] += sum(s.accepted for s in steps)
-        # an accepted path that is not a prefix of the node order makes commit compact the cache (index_select,
-        # not a crop); a verify step after it scores its tree on the compacted cache
-        compacted = [s.path != list(range(len(s.path))) for s in steps]
-        stats["compacted_then_verified"] += any(compacted[:-1])
-    return stats
 
 
 def test_sampling_through_the_loop_matches_the_target_distribution(monkeypatch, one_thread):

@@ -16,8 +16,10 @@ from ..budget import AutoBudget
 from ..draft_head import DraftConfig, DraftHead, DraftHeadError
 from ..context_ngram import ContextNGram
 from ..errors import DartError
+from ..head_formats import load_head
 from ..methods import DART_PLD, METHODS, PLD, VANILLA, uses_head
 from ..ngram import NGramModel
+from ..ngram_trie import read_trie
 from ..proposers import DartProposer, HeadDrafter, PromptLookupProposer, Proposer, VanillaProposer
 from ..target import TargetModel
 from ..trace import RunSettings, Trace
@@ -75,7 +77,8 @@ def _read_stop_ids(target: TargetModel) -> frozenset[int]:
 
 
 def load_draft(spec: str | None, target: TargetModel, n_mask: int = 4, seed: int = 0) -> DraftHead:
-    """'default' -> the shipped head; 'random' -> a seeded untrained head; else a head folder."""
+    """'default' -> the shipped head; 'random' -> a seeded untrained head; else a head folder (ours or the
+    authors')."""
     if spec in (None, "", "default"):
         if not (DEFAULT_HEAD / "config.json").is_file():
             raise DraftHeadError(f"no trained head shipped at {DEFAULT_HEAD}; pass --draft random or a head folder")
@@ -83,18 +86,20 @@ def load_draft(spec: str | None, target: TargetModel, n_mask: int = 4, seed: int
     if spec == "random":
         head = DraftHead.random(DraftConfig.for_target(target.config, n_mask=n_mask), seed=seed)
     else:
-        head = DraftHead.load(spec)
+        head = load_head(spec)
     head.check_target(target)
     return head.to(device=target.device, dtype=target.dtype)
 
 
-def load_ngram(spec: str | None) -> NGramModel | None:
+def load_ngram(spec: str | None, vocab_size: int | None = None) -> NGramModel | None:
     """'none' -> no n-gram term; 'default' -> the default model's table (shipped, cached, or built once);
-    else an .npz file."""
+    else an .npz file, or a .trie file of the DART authors (which has no vocabulary size: give the target's)."""
     if spec in (None, "", "none"):
         return None
     if spec == "default":
         return NGramModel.load(ensure_default_ngram())
+    if str(spec).endswith(".trie"):
+        return read_trie(spec, vocab_size=vocab_size)
     return NGramModel.load(spec)
 
 
@@ -133,7 +138,7 @@ def make_proposer(method: str, target: TargetModel, draft: str | None = "default
                   auto_budget: AutoBudget | None = None) -> Proposer:
     """Load what `method` needs (draft head, n-gram table) by name and build its proposer."""
     head = load_draft(draft, target) if uses_head(method) else None
-    table = load_ngram(ngram) if uses_head(method) else None
+    table = load_ngram(ngram, target.vocab_size) if uses_head(method) else None
     return build_proposer(method, target, head, table, search_config, pld_tokens, pld_ngram, context_weight,
                           lookup_tokens, auto_budget)
 
@@ -192,6 +197,6 @@ def load(model: str = DEFAULT_MODEL, draft: str | None = "default", ngram: str |
     target = load_target(model, device, dtype, recalibrate)
     if not with_head:
         return Loaded(target, model=model, device=device, dtype=dtype)
-    head, table = load_draft(draft, target), load_ngram(ngram)
+    head, table = load_draft(draft, target), load_ngram(ngram, target.vocab_size)
     check_ngram_fits(table, target)
     return Loaded(target, head, table, model, draft, ngram, device, dtype)

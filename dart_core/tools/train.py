@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..draft_head import DraftHead, DraftHeadError
+from ..draft_head import DraftHeadError
+from ..head_formats import load_head
 from ..setup.loading import load_ngram, load_target, stop_ids
 from ..training.data import (generate_responses, read_jsonl, sequence_example, sharegpt_sequences,
                              stdlib_code_sequences)
@@ -113,7 +114,7 @@ def _starting_head(path, target):
     if path is None:
         return None
     try:
-        head = DraftHead.load(path)
+        head = load_head(path)
         head.check_target(target)
     except DraftHeadError as exc:
         raise CliError(f"--init-from {path}: {exc}") from None

@@ -1,0 +1,135 @@
+"""Reading a draft head folder in either format: DART Lab's own, or the DART authors' (fvliang/DART).
+
+The authors' folder holds a Llama `config.json` with the extra fields `draft_length` (K) and `draft_vocab_size`,
+and `model.safetensors` with their key names (`midlayer.*`, `norm`, `lm_head`, the buffers `d2t` and `t2d`). Their
+layer is ours: the same fc, the same [embedding, features] attention input, the same mask vector, the same MLP. Three
+things differ, and are translated here so their weights compute what their code computes:
+- the final norm is applied twice (`norm` before returning, then again in `compute_logits`): `double_norm`;
+- `d2t` holds offsets (target id = draft id + d2t[draft id]); ours holds the target ids themselves;
+- the embedding is the target's and is not read from the file (nor is `t2d`, unused at inference).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from .draft_head import CONFIG_FILE, FORMAT, WEIGHTS_FILE, DraftConfig, DraftHead, DraftHeadError
+
+AUTHORS = "the DART authors' format"
+
+# our key -> the authors' key
+AUTHORS_KEYS = {
+    "fc.weight": "fc.weight",
+    "mask_embed": "midlayer.mask_rep",
+    "embed_norm.weight": "midlayer.input_layernorm.weight",
+    "feature_norm.weight": "midlayer.hidden_norm.weight",
+    "q_proj.weight": "midlayer.self_attn.q_proj.weight",
+    "k_proj.weight": "midlayer.self_attn.k_proj.weight",
+    "v_proj.weight": "midlayer.self_attn.v_proj.weight",
+    "o_proj.weight": "midlayer.self_attn.o_proj.weight",
+    "post_attn_norm.weight": "midlayer.post_attention_layernorm.weight",
+    "gate_proj.weight": "midlayer.mlp.gate_proj.weight",
+    "up_proj.weight": "midlayer.mlp.up_proj.weight",
+    "down_proj.weight": "midlayer.mlp.down_proj.weight",
+    "final_norm.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+    "d2t": "d2t",
+}
+NOT_READ = ("embed_tokens.weight", "t2d")  # in their files or not: the embedding is the target's
+
+
+def head_format(folder) -> str:
+    """FORMAT or AUTHORS, from the folder's config.json; a DraftHeadError naming what is missing otherwise."""
+    d = Path(folder)
+    if not d.is_dir():
+        raise DraftHeadError(f"{d} is not a folder: --draft takes a head folder (or 'default', 'random')")
+    data = _read_config(d)
+    if data.get("format") == FORMAT:
+        return FORMAT
+    if "draft_length" in data:
+        return AUTHORS
+    if "format" in data:
+        raise DraftHeadError(f"{d / CONFIG_FILE} is in format {data['format']!r}; this version reads {FORMAT!r} "
+                             f"and {AUTHORS}")
+    raise DraftHeadError(f"{d} is not a draft head folder: its {CONFIG_FILE} has neither 'format': {FORMAT!r} "
+                         f"(DART Lab) nor 'draft_length' ({AUTHORS})")
+
+
+def load_head(folder, device="cpu", dtype=torch.float32) -> DraftHead:
+    """A head folder in either format."""
+    if head_format(folder) == FORMAT:
+        return DraftHead.load(folder, device=device, dtype=dtype)
+    return load_authors_head(folder, device=device, dtype=dtype)
+
+
+def authors_config(data: dict, where) -> DraftConfig:
+    """Our DraftConfig for the authors' config.json `data`."""
+    required = ["hidden_size", "vocab_size", "num_attention_heads", "intermediate_size", "draft_length",
+                "draft_vocab_size"]
+    missing = [k for k in required if data.get(k) is None]
+    if missing:
+        raise DraftHeadError(f"{where} lacks {', '.join(missing)} ({AUTHORS})")
+    hidden, heads = int(data["hidden_size"]), int(data["num_attention_heads"])
+    target_hidden = data.get("target_hidden_size")
+    if target_hidden is not None and int(target_hidden) != hidden:
+        # Their embedding (the target's, width H_target) feeds a norm of width H: the two must agree.
+        raise DraftHeadError(f"{where}: target_hidden_size {target_hidden} differs from hidden_size {hidden}; "
+                             "the head reads the target's embedding, so they must be equal")
+    if data.get("hidden_act", "silu") != "silu":
+        raise DraftHeadError(f"{where}: hidden_act {data['hidden_act']!r} is not supported (only 'silu')")
+    scaling = data.get("rope_scaling")
+    if scaling and (scaling.get("rope_type") or scaling.get("type")) not in (None, "default"):
+        raise DraftHeadError(f"{where}: rope_scaling {scaling.get('rope_type') or scaling.get('type')!r} is not "
+                             "supported (only plain RoPE)")
+    return DraftConfig(
+        hidden_size=hidden, vocab_size=int(data["vocab_size"]), num_heads=heads,
+        num_kv_heads=int(data.get("num_key_value_heads") or heads),
+        head_dim=int(data.get("head_dim") or hidden // heads), intermediate_size=int(data["intermediate_size"]),
+        n_mask=int(data["draft_length"]), draft_vocab_size=int(data["draft_vocab_size"]), tie_output=False,
+        rope_theta=float(data.get("rope_theta", 10000.0)), rms_eps=float(data.get("rms_norm_eps", 1e-6)),
+        double_norm=True, extra={"source_format": AUTHORS}).validate()
+
+
+def load_authors_head(folder, device="cpu", dtype=torch.float32) -> DraftHead:
+    d = Path(folder)
+    config = authors_config(_read_config(d), d / CONFIG_FILE)
+    weights = d / WEIGHTS_FILE
+    if not weights.is_file():
+        raise DraftHeadError(f"no {WEIGHTS_FILE} in {d}")
+    try:
+        raw = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise DraftHeadError(f"{weights} is corrupt or truncated: {exc}") from None
+    theirs = {v: k for k, v in AUTHORS_KEYS.items()}
+    state = {theirs.get(key, key): tensor for key, tensor in raw.items() if key not in NOT_READ}
+    if "d2t" in state:
+        state["d2t"] = _target_ids(state["d2t"], config, weights)
+    head = DraftHead.from_state(config, state, weights, file_key=lambda key: AUTHORS_KEYS.get(key, key))
+    return head.to(device=device, dtype=dtype)
+
+
+def _target_ids(offsets: torch.Tensor, config: DraftConfig, where) -> torch.Tensor:
+    """Their offsets as our map: target id = draft id + offset, every one inside the target vocabulary."""
+    if offsets.dim() != 1 or offsets.dtype.is_floating_point:
+        raise DraftHeadError(f"{where}: d2t must be a 1-D integer tensor, got {tuple(offsets.shape)} {offsets.dtype}")
+    ids = torch.arange(offsets.shape[0], dtype=torch.long) + offsets.long()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size):
+        raise DraftHeadError(f"{where}: d2t maps draft ids outside the target vocabulary of {config.vocab_size}")
+    return ids
+
+
+def _read_config(d: Path) -> dict:
+    if not (d / CONFIG_FILE).is_file():
+        raise DraftHeadError(f"no {CONFIG_FILE} in {d}: not a draft head folder")
+    try:
+        data = json.loads((d / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as exc:
+        raise DraftHeadError(f"{d / CONFIG_FILE} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DraftHeadError(f"{d / CONFIG_FILE} is not a JSON object")
+    return data

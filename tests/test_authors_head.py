@@ -1,0 +1,163 @@
+"""Draft heads in the DART authors' format: they draft the rows the authors' forward computes, decode losslessly on
+a Qwen3 target (greedy and sampled), and bad folders are refused with a message naming the problem."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dart_core.acceptance import SamplingConfig
+from dart_core.decoding import GenerationConfig, run
+from dart_core.draft_head import DraftHeadError
+from dart_core.head_formats import AUTHORS, head_format, load_head
+from dart_core.ngram import NGramModel
+from dart_core.proposers import DartProposer, HeadDrafter
+from dart_core.setup.loading import load_draft
+from dart_core.tree_search import SearchConfig
+from tests.authors_format import their_draft, their_features, write_authors_head
+from tests.sampling_stats import chi2_pvalue, exact_joint, sample_through_the_loop
+from tests.test_engine_lossless import prompts
+from tests.tiny import plain_greedy_reference, tiny_target
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return tiny_target("qwen3", vocab=96, hidden=64, layers=6, seed=5)
+
+
+@pytest.fixture
+def written(tmp_path, qwen3):
+    return tmp_path / "head", write_authors_head(tmp_path / "head", qwen3, draft_length=3, draft_vocab=64, seed=2)
+
+
+def test_the_head_drafts_the_rows_their_forward_computes(qwen3, written):
+    folder, theirs = written
+    assert head_format(folder) == AUTHORS
+    head = load_draft(str(folder), qwen3)
+    assert head.config.n_rows == 4 and head.config.double_norm
+    drafter = HeadDrafter(head, qwen3)
+    prompt, root = [5, 17, 33, 8, 61, 12, 40], 9
+    feats = their_features(qwen3, prompt)
+    _, ours_feats = qwen3.prefill(prompt, qwen3.new_cache(), features=True)
+    assert torch.allclose(ours_feats, feats, atol=1e-5)  # the same taps, in the same order
+
+    # right after prefill: the prompt's features with the embeddings of prompt[1:] and the first generated token
+    embeds = qwen3.embed_tokens(torch.tensor(prompt[1:] + [root]))
+    want, target_ids, past = their_draft(theirs, feats, embeds)
+    got = drafter.draft(prompt + [root], ours_feats)
+    assert got.shape == want.shape == (4, 64)
+    assert torch.allclose(got, want, atol=1e-4)
+    assert torch.equal(drafter.target_ids(torch.arange(64)), target_ids)
+
+    # a later step: three committed tokens (root and two accepted), with the draft cache of the first call
+    accepted, nxt = [22, 3], 70
+    full = prompt + [root] + accepted
+    new_feats = their_features(qwen3, full)[len(prompt):]
+    embeds = qwen3.embed_tokens(torch.tensor(accepted + [nxt]))
+    want, _, _ = their_draft(theirs, new_feats, embeds, past)
+    got = drafter.draft(full + [nxt], new_feats)
+    assert torch.allclose(got, want, atol=1e-4)
+
+
+def test_an_embedding_in_the_file_is_not_read(tmp_path, qwen3):
+    plain = write_authors_head(tmp_path / "a", qwen3, seed=4)
+    write_authors_head(tmp_path / "b", qwen3, seed=4, with_embedding=True)
+    feats = their_features(qwen3, [4, 5, 6])
+    embeds = qwen3.embed_tokens(torch.tensor([5, 6, 7]))
+    want, _, _ = their_draft(plain, feats, embeds)
+    for folder in ("a", "b"):
+        got = HeadDrafter(load_draft(str(tmp_path / folder), qwen3), qwen3).draft([4, 5, 6, 7], feats)
+        assert torch.allclose(got, want, atol=1e-4)
+
+
+def test_greedy_decoding_with_their_head_is_lossless(qwen3, written):
+    folder, _ = written
+    head = load_draft(str(folder), qwen3)
+    table = NGramModel.build(prompts(40, qwen3.vocab_size, seed=3), vocab_size=qwen3.vocab_size, order=3)
+    for config in (SearchConfig(), SearchConfig(node_budget=40, beam_width=12)):
+        proposer = DartProposer(HeadDrafter(head, qwen3), config, table)
+        for prompt in prompts(8, qwen3.vocab_size, seed=6):
+            expected = plain_greedy_reference(qwen3, prompt, 20)
+            trace = run(qwen3, proposer, prompt, GenerationConfig(max_new_tokens=20))
+            assert trace.output_ids == expected
+            assert all(len(s.tree) - 1 <= config.node_budget for s in trace.steps[1:])
+
+
+def test_sampling_with_their_head_matches_the_target_distribution(tmp_path, one_thread):
+    target = tiny_target("qwen3", vocab=8, hidden=32, layers=4, seed=11)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.4)  # several tokens carry real probability
+    write_authors_head(tmp_path / "h", target, draft_length=1, draft_vocab=6, seed=3)
+    head = load_draft(str(tmp_path / "h"), target)
+    sampling = SamplingConfig(temperature=1.0, top_p=0.95, top_k=3)
+    prompt, n_tokens, n_runs = [3, 5, 7], 4, 500
+    joint = exact_joint(target, prompt, sampling, n_tokens)
+    proposer = DartProposer(HeadDrafter(head, target), SearchConfig(topk=3, beam_width=3, node_budget=6))
+    stats = sample_through_the_loop(target, proposer, prompt, sampling, n_tokens, n_runs)
+    assert stats["accepted"] > n_runs / 4  # the head's drafts are accepted often enough to matter
+    assert all(out in joint for out in stats["outputs"])
+    pvalue = chi2_pvalue(stats["outputs"], joint)
+    print(f"authors' head, sampling: {stats['accepted']} drafts accepted in {n_runs} runs, chi-square p = {pvalue:.3f}")
+    assert pvalue > 1e-3
+
+
+def _edit_config(folder, **changes):
+    path = folder / "config.json"
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path.write_text(json.dumps(data))
+
+
+def _edit_weights(folder, drop=(), **replace):
+    path = folder / "model.safetensors"
+    state = load_file(str(path))
+    for key in drop:
+        state.pop(key)
+    state.update(replace)
+    save_file(state, str(path))
+
+
+def test_bad_folders_are_refused_with_the_reason(tmp_path, qwen3, written):
+    folder, theirs = written
+    with pytest.raises(DraftHeadError, match="lacks draft_vocab_size"):
+        _edit_config(folder, draft_vocab_size=None)
+        load_head(folder)
+    _edit_config(folder, draft_vocab_size=64)
+
+    with pytest.raises(DraftHeadError, match="lacks weight 'midlayer.mlp.up_proj.weight'"):
+        _edit_weights(folder, drop=["midlayer.mlp.up_proj.weight"])
+        load_head(folder)
+    _edit_weights(folder, **{"midlayer.mlp.up_proj.weight": theirs["state"]["midlayer.mlp.up_proj.weight"],
+                             "midlayer.mask_rep": torch.zeros(10)})
+    with pytest.raises(DraftHeadError, match=r"'midlayer.mask_rep' has shape \(10,\)"):
+        load_head(folder)
+    _edit_weights(folder, **{"midlayer.mask_rep": theirs["state"]["midlayer.mask_rep"],
+                             "d2t": theirs["state"]["d2t"] + 1000})
+    with pytest.raises(DraftHeadError, match="outside the target vocabulary"):
+        load_head(folder)
+    _edit_weights(folder, d2t=theirs["state"]["d2t"])
+    load_head(folder)  # whole again
+
+    _edit_config(folder, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(DraftHeadError, match="rope_scaling 'yarn' is not supported"):
+        load_head(folder)
+    _edit_config(folder, rope_scaling=None, target_hidden_size=128)
+    with pytest.raises(DraftHeadError, match="target_hidden_size 128 differs"):
+        load_head(folder)
+    _edit_config(folder, target_hidden_size=None, draft_length=None)
+    with pytest.raises(DraftHeadError, match="neither 'format'.*nor 'draft_length'"):
+        load_head(folder)
+    with pytest.raises(DraftHeadError, match="not a folder"):
+        load_head(tmp_path / "nowhere")
+
+
+def test_a_head_for_another_target_is_refused(tmp_path, qwen3):
+    wide = tiny_target("qwen3", vocab=96, hidden=32, layers=6)
+    write_authors_head(tmp_path / "h", wide)
+    with pytest.raises(DraftHeadError, match="hidden size 32, the target has 64"):
+        load_draft(str(tmp_path / "h"), qwen3)
