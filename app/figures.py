@@ -1,12 +1,14 @@
 """Plotly figures built from traces: pure functions `trace/step -> go.Figure`, no Gradio, no model.
 
-- `tree_figure`: one step's token tree (networkx layout), node colours by fate, rich hover.
+- `tree_figure`: one step's token tree (networkx layout), node colours by fate, rich hover; the pruned view groups
+  the pool per parent (`app.pruned_groups`).
 - `rows_heatmap`: the draft rows (top-k per depth) of one step.
 - `accepted_length_figure`, `acceptance_by_position_figure`, `time_split_figure`: charts over a run.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -22,18 +24,20 @@ from dart_core.trace import PHASES, Trace
 from dart_core.tree import TokenTree
 from dart_core.tree_search import BEAM_CUT, KEPT, LOW_NGRAM, Candidates
 
+from .pruned_groups import MAX_SHOWN, PER_PARENT, More, pruned_groups
 from .text_render import plotly_escape, token_label, token_text
 
 # Node categories, in legend order. Every node of a figure falls in exactly one.
 ROOT, ACCEPTED, REJECTED, BONUS = "root", "accepted", "rejected", "bonus"
 PRUNED_BUDGET, PRUNED_BEAM, PRUNED_NGRAM = "pruned_budget", "pruned_beam", "pruned_ngram"
-CATEGORIES = (ROOT, ACCEPTED, REJECTED, BONUS, PRUNED_BUDGET, PRUNED_BEAM, PRUNED_NGRAM)
+PRUNED_MORE = "pruned_more"   # one node standing for several pruned candidates
+CATEGORIES = (ROOT, ACCEPTED, REJECTED, BONUS, PRUNED_BUDGET, PRUNED_BEAM, PRUNED_NGRAM, PRUNED_MORE)
 PRUNED = (PRUNED_BUDGET, PRUNED_BEAM, PRUNED_NGRAM)
 COLORS = {ROOT: "#455a64", ACCEPTED: "#2e7d32", REJECTED: "#ef6c00", BONUS: "#1565c0",
-          PRUNED_BUDGET: "#b0bec5", PRUNED_BEAM: "#d7ccc8", PRUNED_NGRAM: "#ce93d8"}
+          PRUNED_BUDGET: "#b0bec5", PRUNED_BEAM: "#d7ccc8", PRUNED_NGRAM: "#ce93d8", PRUNED_MORE: "#eceff1"}
 NAMES = {ROOT: "root (previous step's token)", ACCEPTED: "accepted draft", REJECTED: "verified, rejected",
          BONUS: "target's bonus token", PRUNED_BUDGET: "pruned: node budget", PRUNED_BEAM: "pruned: beam cut",
-         PRUNED_NGRAM: "pruned: unseen n-gram"}
+         PRUNED_NGRAM: "pruned: unseen n-gram", PRUNED_MORE: "pruned: +N more, summarised"}
 FATE_TEXT = {ACCEPTED: "accepted", REJECTED: "verified, rejected", ROOT: "root", BONUS: "bonus (target's own)",
              PRUNED_BUDGET: "pruned (node budget)", PRUNED_BEAM: "pruned (beam cut)",
              PRUNED_NGRAM: "pruned (unseen n-gram)"}
@@ -41,7 +45,10 @@ LANE_COLORS = {VANILLA: "#78909c", DART: "#ef6c00", PLD: "#7e57c2"}
 LANE_NAMES = {VANILLA: "plain", DART: "DART", PLD: "prompt lookup"}
 PHASE_COLORS = {"prefill": "#90a4ae", "draft": "#ffb74d", "search": "#ba68c8", "verify": "#4fc3f7",
                 "accept": "#aed581"}
-MAX_PRUNED = 120
+MAX_PRUNED = MAX_SHOWN
+ROW_PX = 20          # pixels per row of leaves: more than the 11 px labels, so no two labels overlap
+MIN_PLOT_PX = 240    # the plot area of a small tree
+TREE_MARGIN = {"l": 10, "r": 10, "t": 70, "b": 100}   # the bottom holds the legend
 
 
 def prune_category(fate: str, beam: str) -> str:
@@ -79,14 +86,15 @@ def message_figure(text: str, height: int = 260) -> go.Figure:
 # ---------------------------------------------------------------------------------------------- the token tree
 @dataclass
 class TreeNode:
-    key: str                 # "n3" for tree node 3, "c17" for pruned candidate 17, "bonus"
-    parent: str | None
+    key: str                 # "n3" for tree node 3, "c17" for pruned candidate 17, "bonus", "m…" for +N more
+    parent: str | None       # None: the root, or a node below the tree (the rest of a depth)
     token: int
     text: str                # the token's text (raw; escaped when drawn)
     depth: int
     category: str
     hover: str
     order: float = 0.0       # sort key among siblings
+    label: str | None = None  # drawn as is (escaped) instead of the token's label
 
 
 @dataclass
@@ -122,8 +130,9 @@ def _cand_hover(c: Candidates, i: int, context: list[int], trace: Trace) -> list
 
 def tree_view(trace: Trace, tree: TokenTree, path: list[int], bonus: int | None, candidates: Candidates | None,
               context: list[int], show_pruned: bool = False, max_pruned: int = MAX_PRUNED,
-              title: str = "", lookup_nodes=()) -> TreeView:
-    """Nodes of a tree figure: the verified tree, the bonus token, and optionally the best pruned candidates."""
+              title: str = "", lookup_nodes=(), per_parent: int = PER_PARENT) -> TreeView:
+    """Nodes of a tree figure: the verified tree, the bonus token, and optionally the pruned candidates, grouped per
+    parent (see app.pruned_groups)."""
     accepted = set(path[1:])
     cand_of_node: dict[int, int] = {}
     if candidates is not None and len(candidates):
@@ -152,45 +161,59 @@ def tree_view(trace: Trace, tree: TokenTree, path: list[int], bonus: int | None,
                               f"fate: the target's own token after the accepted path", order=1e9))
     notes = []
     if show_pruned and candidates is not None and len(candidates):
-        pruned = np.flatnonzero(candidates.node < 0)
-        # Best first; a child never outscores its parent, and ties go shallower first, so parents come first.
-        pruned = pruned[np.lexsort((candidates.level[pruned], -candidates.score[pruned]))]
-        shown: dict[int, str] = {}
-        for ci in pruned.tolist():
-            if len(shown) >= max_pruned:
-                break
-            p = int(candidates.parent[ci])
-            if p < 0:
-                parent = "n0"
-            elif candidates.node[p] > 0:
-                parent = f"n{int(candidates.node[p])}"
-            elif p in shown:
-                parent = shown[p]
-            else:
-                continue
+        groups = pruned_groups(candidates, per_parent, max_pruned)
+        for ci in groups.shown:
             cat = prune_category(str(candidates.fate[ci]), str(candidates.beam[ci]))
             tok = int(candidates.token[ci])
             lines = [f"<b>{token_label(token_text(trace, tok), 40)}</b> (id {tok}) · candidate {ci} · "
                      f"depth {int(candidates.level[ci]) + 1}", f"fate: {FATE_TEXT[cat]}"]
             lines += _cand_hover(candidates, ci, context, trace)
-            shown[ci] = f"c{ci}"
-            nodes.append(TreeNode(f"c{ci}", parent, tok, token_text(trace, tok), int(candidates.level[ci]) + 1, cat,
-                                  "<br>".join(lines), order=1e6 - float(candidates.score[ci])))
-        if len(pruned) > len(shown):
-            notes.append(f"showing the {len(shown)} best-scored of {len(pruned)} pruned candidates")
+            nodes.append(TreeNode(f"c{ci}", candidate_key(candidates, int(candidates.parent[ci])), tok,
+                                  token_text(trace, tok), int(candidates.level[ci]) + 1, cat, "<br>".join(lines),
+                                  order=1e6 - float(candidates.score[ci])))
+        nodes += [_more_node(trace, candidates, m, tree.tokens[0]) for m in groups.more]
+        if groups.more:
+            notes.append(f"showing the {len(groups.shown)} best-scored of {groups.total} pruned candidates "
+                         f"(at most {per_parent} per parent); “+N more” nodes count the rest")
     elif show_pruned:
         notes.append("this step has no recorded candidates (not a DART step)")
     return TreeView(nodes, title, notes)
 
 
+def candidate_key(c: Candidates, ci: int) -> str:
+    """The figure key of candidate `ci` (-1: the root): its tree node when it was kept."""
+    if ci < 0:
+        return "n0"
+    return f"n{int(c.node[ci])}" if c.node[ci] > 0 else f"c{ci}"
+
+
+def _more_node(trace: Trace, c: Candidates, more: More, root_token: int) -> TreeNode:
+    """One node for the pruned candidates `more` stands for; a depth's rest hangs below the tree, with no edge."""
+    n, best = len(more.members), more.best(c)
+    if more.parent is None:
+        where, parent, key, order = "(the rest of this depth)", None, f"m{more.depth}", float(more.depth)
+    else:
+        tok = root_token if more.parent < 0 else int(c.token[more.parent])
+        where = f"under “{token_label(token_text(trace, tok), 40)}”"
+        parent, key, order = candidate_key(c, more.parent), f"m{more.depth}:{more.parent}", 5e8
+    fates = Counter(fate_label(str(c.fate[i]), str(c.beam[i])) for i in more.members)
+    best_tokens = ", ".join(f"“{token_label(token_text(trace, int(c.token[i])), 20)}”" for i in more.members[:5])
+    hover = "<br>".join([f"<b>+{n} more</b> pruned candidate{'s' if n > 1 else ''} at depth {more.depth} {where}",
+                         f"best score: {best:.3f}", " · ".join(f"{k} {v}" for k, v in fates.items()),
+                         f"best of them: {best_tokens}{'…' if n > 5 else ''}"])
+    return TreeNode(key, parent, -1, "", more.depth, PRUNED_MORE, hover, order, label=f"+{n} more (best {best:.2f})")
+
+
 def _layout(nodes: list[TreeNode]) -> dict[str, tuple[float, float]]:
-    """Tidy tree layout: depth to the right, leaves stacked top to bottom in DFS order, parents centred."""
+    """Tidy tree layout: depth to the right, leaves one row each top to bottom in DFS order, parents centred; the
+    nodes without a parent besides the root get a row each below the tree. y is minus the row."""
     g = nx.DiGraph()
-    for node in nodes:
+    tree = [n for n in nodes[1:] if n.parent is not None]
+    for node in [nodes[0], *tree]:
         g.add_node(node.key, order=node.order, depth=node.depth)
         if node.parent is not None:
             g.add_edge(node.parent, node.key)
-    root = nodes[0].key
+    assert nx.is_arborescence(g), "a draft tree must be a tree"
     ys: dict[str, float] = {}
     next_leaf = 0
 
@@ -204,18 +227,20 @@ def _layout(nodes: list[TreeNode]) -> dict[str, tuple[float, float]]:
             ys[key] = float(np.mean([visit(k) for k in kids]))
         return ys[key]
 
-    visit(root)
-    assert nx.is_arborescence(g), "a draft tree must be a tree"
-    return {k: (float(g.nodes[k]["depth"]), -ys[k]) for k in g.nodes}
+    visit(nodes[0].key)
+    pos = {k: (float(g.nodes[k]["depth"]), -ys[k]) for k in g.nodes}
+    below = sorted((n for n in nodes[1:] if n.parent is None), key=lambda n: n.order)
+    pos.update({n.key: (float(n.depth), -float(next_leaf + j)) for j, n in enumerate(below)})
+    return pos
 
 
 def tree_figure_from_view(view: TreeView) -> go.Figure:
     pos = _layout(view.nodes)
-    by_key = {n.key: n for n in view.nodes}
     fig = go.Figure()
     edge_styles = {
         "tree": ({"color": "#b0bec5", "width": 1.2}, lambda n: n.category == REJECTED),
-        "pruned": ({"color": "#e0e0e0", "width": 1, "dash": "dot"}, lambda n: n.category in PRUNED),
+        "pruned": ({"color": "#e0e0e0", "width": 1, "dash": "dot"},
+                   lambda n: n.category in PRUNED or n.category == PRUNED_MORE),
         "accepted": ({"color": COLORS[ACCEPTED], "width": 3}, lambda n: n.category == ACCEPTED),
         "bonus": ({"color": COLORS[BONUS], "width": 2, "dash": "dash"}, lambda n: n.category == BONUS),
     }
@@ -233,23 +258,24 @@ def tree_figure_from_view(view: TreeView) -> go.Figure:
         group = [n for n in view.nodes if n.category == cat]
         if not group:
             continue
+        faint = cat in PRUNED or cat == PRUNED_MORE
         fig.add_trace(go.Scatter(
             x=[pos[n.key][0] for n in group], y=[pos[n.key][1] for n in group], mode="markers+text",
-            name=NAMES[cat], text=[token_label(n.text) for n in group],
+            name=NAMES[cat], text=[n.label if n.label is not None else token_label(n.text) for n in group],
             customdata=[n.key for n in group], textposition="middle left" if cat == ROOT else "middle right",
-            textfont={"size": 11, "color": "#263238" if cat not in PRUNED else "#78909c"},
-            marker={"color": COLORS[cat], "size": 12 if cat not in PRUNED else 8,
-                    "line": {"color": "white", "width": 1}},
+            textfont={"size": 11, "color": "#78909c" if faint else "#263238"},
+            marker={"color": COLORS[cat], "size": 8 if faint else 12, "symbol": "square" if cat == PRUNED_MORE
+                    else "circle", "line": {"color": "#78909c" if cat == PRUNED_MORE else "white", "width": 1}},
             hovertext=[n.hover for n in group], hoverinfo="text"))
-    leaves = sum(1 for k in by_key if not any(n.parent == k for n in view.nodes))
+    rows = 1 - min(y for _, y in pos.values())
+    plot_px = max(MIN_PLOT_PX, ROW_PX * (rows + 0.2))   # the y range below spans rows + 0.2: ROW_PX per row at least
     depth = max(n.depth for n in view.nodes)
-    title = plotly_escape(view.title) + (f"<br><sup>{plotly_escape('; '.join(view.notes))}</sup>" if view.notes
-                                         else "")
+    title = plotly_escape(view.title) + "".join(f"<br><sup>{plotly_escape(note)}</sup>" for note in view.notes)
     fig.update_layout(
-        title={"text": title, "x": 0.01}, height=int(min(1800, max(340, 130 + 17 * leaves))),
+        title={"text": title, "x": 0.01}, height=int(plot_px + TREE_MARGIN["t"] + TREE_MARGIN["b"]),
         xaxis={"title": "depth", "dtick": 1, "range": [-0.6, depth + 0.9], "zeroline": False, "showgrid": False},
-        yaxis={"visible": False}, plot_bgcolor="white", hovermode="closest",
-        legend={"orientation": "h", "y": -0.02, "yanchor": "top", "x": 0}, margin={"l": 10, "r": 10, "t": 60, "b": 40})
+        yaxis={"visible": False, "range": [-(rows - 1) - 0.6, 0.6]}, plot_bgcolor="white", hovermode="closest",
+        legend={"orientation": "h", "y": -0.02, "yanchor": "top", "x": 0}, margin=TREE_MARGIN)
     return fig
 
 

@@ -1,0 +1,123 @@
+"""The views that explain a step: the grouped pruned view, the missed token marked, the glossary and the tour."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from app import figures
+from app.figures import NAMES, PRUNED, PRUNED_MORE, ROW_PX
+from app.pruned_groups import ROOT, pruned_groups
+from dart_core.ngram import NGramModel
+from dart_core.trace import StepRecord, Trace
+from dart_core.tree_search import KEPT, NODE_BUDGET, Candidates, SearchConfig, search
+
+
+def hand_candidates(rows) -> Candidates:
+    """Candidates from (parent, level, score, node) rows; a node > 0 is kept."""
+    parent, level, score, node = (np.asarray(col) for col in zip(*rows))
+    n = len(rows)
+    return Candidates(
+        token=np.arange(100, 100 + n), level=level.astype(np.int32), parent=parent.astype(np.int32),
+        draft_prob=np.full(n, 0.1), logit_term=np.zeros(n), ngram_prob=np.full(n, np.nan),
+        ngram_match=np.full(n, -1, dtype=np.int8), ngram_term=np.zeros(n), level_weight=np.ones(n),
+        score=score.astype(np.float64), fate=np.asarray([KEPT if k > 0 else NODE_BUDGET for k in node], dtype=object),
+        beam=np.asarray(["expanded"] * n, dtype=object), node=np.where(node > 0, node, -1).astype(np.int32))
+
+
+# Two kept first-level nodes (0, 1) and ten pruned candidates: five more under the root, four under kept node 0,
+# one under pruned 5, one under pruned 7, one under kept node 1.
+HAND = [(-1, 0, -0.1, 1), (-1, 0, -0.2, 2),
+        (-1, 0, -1.0, 0), (-1, 0, -2.0, 0), (-1, 0, -3.0, 0), (-1, 0, -4.0, 0), (-1, 0, -5.0, 0),
+        (0, 1, -1.5, 0), (0, 1, -2.5, 0), (0, 1, -3.5, 0), (0, 1, -6.0, 0),
+        (5, 1, -4.5, 0), (7, 2, -2.0, 0), (1, 1, -7.0, 0)]
+
+
+def groups_of(g, c):
+    return {(m.depth, m.parent): (m.members, m.best(c)) for m in g.more}
+
+
+def test_grouping_per_parent_with_room_for_all():
+    c = hand_candidates(HAND)
+    g = pruned_groups(c, per_parent=3, max_shown=100)
+    assert g.total == 12
+    assert g.shown == [2, 7, 3, 12, 8, 4, 9, 13]          # best first, at most 3 under the root and under node 0
+    assert groups_of(g, c) == {(1, ROOT): ([5, 6], -4.0),   # the root's other two: "+2 more (best -4)"
+                               (2, 0): ([10], -6.0),        # kept node 0's fourth pruned child
+                               (2, None): ([11], -4.5)}     # under pruned 5, which is not drawn: its depth's rest
+
+
+def test_grouping_under_a_cap_collapses_to_the_depths():
+    c = hand_candidates(HAND)
+    g = pruned_groups(c, per_parent=3, max_shown=4)
+    assert g.shown == [2, 7, 3, 12]
+    assert groups_of(g, c) == {(1, ROOT): ([4, 5, 6], -3.0), (2, 0): ([8, 9, 10], -2.5),
+                               (2, None): ([11, 13], -4.5)}   # kept node 1 has none drawn: its child joins the depth
+    counted = g.shown + [i for m in g.more for i in m.members]
+    assert sorted(counted) == list(range(2, 14))             # every pruned candidate exactly once
+    assert pruned_groups(c, per_parent=1, max_shown=100).shown == [2, 7, 12, 13]
+
+
+@pytest.fixture(scope="module")
+def big():
+    """One step searched at the default knobs over random rows: about 2,000 candidates, 60 kept."""
+    rng = np.random.default_rng(1)
+    R, k, vocab = 5, 25, 400
+    probs = np.sort(rng.dirichlet(np.full(k, 0.3), size=R), axis=1)[:, ::-1]
+    tokens = np.stack([rng.choice(vocab, k, replace=False) for _ in range(R)])
+    ngram = NGramModel.build([rng.integers(0, vocab, 3000).tolist()], vocab_size=vocab, order=3)
+    result = search(tokens, probs, [1, 2, 3], SearchConfig(), ngram)
+    tree = result.tree
+    path = [0, tree.children(0)[0]]
+    step = StepRecord(index=1, kind="verify", context_len=3, new_tokens=[tree.tokens[path[1]], 7], accepted=1,
+                      tree=tree, path=path, rows_tokens=tokens, rows_probs=probs, candidates=result.candidates)
+    prefill = StepRecord(index=0, kind="prefill", context_len=0, new_tokens=[3])
+    return Trace("dart", [1, 2], [prefill, step])
+
+
+def node_positions(fig) -> dict[str, tuple[float, float, str, str]]:
+    """key -> (x, y, label, legend name) of every drawn node."""
+    return {key: (x, y, label, t.name) for t in fig.data if t.mode == "markers+text"
+            for key, x, y, label in zip(t.customdata, t.x, t.y, t.text)}
+
+
+def test_the_pruned_view_of_a_full_pool_is_grouped_and_counts_everything(big):
+    c = big.steps[1].candidates
+    fig = figures.tree_figure(big, 1, show_pruned=True)
+    nodes = node_positions(fig)
+    drawn = [k for k, v in nodes.items() if v[3] in {NAMES[p] for p in PRUNED}]
+    more = {k: v for k, v in nodes.items() if v[3] == NAMES[PRUNED_MORE]}
+    assert len(drawn) == figures.MAX_PRUNED
+    counted = [int(re.match(r"\+(\d+) more \(best -?\d+\.\d\d\)$", v[2]).group(1)) for v in more.values()]
+    assert len(drawn) + sum(counted) == int((c.node < 0).sum()) > 1500
+    assert len(nodes) < len(big.steps[1].tree) + 2 * figures.MAX_PRUNED      # not thousands of labels
+    assert max(Counter(int(c.parent[int(k[1:])]) for k in drawn).values()) <= 3   # at most 3 under a parent
+
+
+@pytest.mark.parametrize("show_pruned", [True, False])
+def test_no_two_labels_in_a_column_are_closer_than_a_row(big, show_pruned):
+    fig = figures.tree_figure(big, 1, show_pruned=show_pruned)
+    layout = fig.layout
+    px_per_unit = (layout.height - layout.margin.t - layout.margin.b) / (layout.yaxis.range[1] - layout.yaxis.range[0])
+    columns: dict[float, list[float]] = {}
+    for x, y, _, _ in node_positions(fig).values():
+        columns.setdefault(x, []).append(y)
+    assert len(columns) >= 4
+    for ys in columns.values():
+        gaps = np.diff(sorted(ys)) * px_per_unit
+        assert not len(gaps) or gaps.min() >= ROW_PX - 1e-6
+
+
+def test_a_depth_with_nothing_drawn_shows_only_its_summary(big):
+    fig = figures.tree_figure(big, 1, show_pruned=True, max_pruned=5)
+    nodes = node_positions(fig)
+    pruned_depths = {x for x, _, _, name in nodes.values() if name in {NAMES[p] for p in PRUNED}}
+    collapsed = [x for x in range(1, 6) if x not in pruned_depths]
+    assert collapsed
+    for x in collapsed:
+        summaries = [k for k, v in nodes.items() if v[3] == NAMES[PRUNED_MORE] and v[0] == x]
+        assert summaries == [f"m{x}"]                          # one node for the whole depth, under no parent
+    assert "showing the 5 best-scored of" in fig.layout.title.text
