@@ -11,6 +11,8 @@ import os
 import sys
 
 from dart_core.errors import DartError
+from dart_core.tools.args import (DRAFT_HELP, HUB_HELP, MODEL_HELP, NGRAM_HELP, THINKING_HELP,
+                                  resolve_model_names)
 from dart_core.trace import Trace
 
 from .engine import Engine
@@ -30,10 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", DEFAULT_HOST))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", DEFAULT_PORT)))
     p.add_argument("--share", action="store_true", help="also serve through a public Gradio share link")
-    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a transformers folder")
-    p.add_argument("--draft", default="default",
-                   help="'default' (the shipped head; a random head if none is shipped), 'random', or a head folder")
-    p.add_argument("--ngram", default="default", help="'default', 'none', or an n-gram .npz file")
+    p.add_argument("--model", default="default", help=MODEL_HELP)
+    p.add_argument("--draft", default="default", help=DRAFT_HELP + " (a random head if none is shipped)")
+    p.add_argument("--ngram", default="default", help=NGRAM_HELP)
+    p.add_argument("--hub", action="store_true", help=HUB_HELP)
+    p.add_argument("--thinking", action="store_true", help=THINKING_HELP)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--replay", action="store_true", help="load no model: only explore saved traces")
@@ -45,8 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 def load(args):
     """(engine, preloaded traces) for the parsed flags."""
     traces = [Trace.load(path) for path in args.trace]
+    resolve_model_names(args)
     engine = Engine.replay_only(args.ngram) if args.replay else Engine.load(
         args.model, args.draft, args.ngram, args.device, args.dtype)
+    engine.thinking = args.thinking
     return engine, traces
 
 

@@ -35,6 +35,7 @@ class Engine:
     loaded: Loaded | None = None                   # None in replay mode
     replay_ngram: NGramModel | None = None         # replay mode's table, for what-if
     notices: list[str] = field(default_factory=list)
+    thinking: bool = False                         # the chat template's reasoning block (Qwen3), off by default
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -93,7 +94,7 @@ class Engine:
     def encode(self, text: str) -> list[int]:
         if not self.can_generate:
             raise EngineError("no model is loaded (replay mode): upload a trace instead")
-        ids = encode_prompt(self.tokenizer, text)
+        ids = encode_prompt(self.tokenizer, text, thinking=self.thinking)
         limit = min(MAX_PROMPT_TOKENS, self.target.max_positions - 16)
         if len(ids) > limit:
             raise EngineError(f"The prompt is too long: {len(ids)} tokens, at most {limit}.")

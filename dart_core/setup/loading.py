@@ -26,6 +26,7 @@ from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
 from .calibration import cost_curve, kernel_plan, machine_record
 from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
+from .hub import fetch, is_hub_id
 from .models import DEFAULT_MODEL, ModelLoadError, load_model_and_tokenizer, parse_dtype
 from .ngram_tables import ensure_default_ngram
 
@@ -83,6 +84,8 @@ def load_draft(spec: str | None, target: TargetModel, n_mask: int = 4, seed: int
         if not (DEFAULT_HEAD / "config.json").is_file():
             raise DraftHeadError(f"no trained head shipped at {DEFAULT_HEAD}; pass --draft random or a head folder")
         spec = str(DEFAULT_HEAD)
+    if is_hub_id(spec):
+        spec = str(fetch(spec, "draft head"))
     if spec == "random":
         head = DraftHead.random(DraftConfig.for_target(target.config, n_mask=n_mask), seed=seed)
     else:
@@ -93,11 +96,14 @@ def load_draft(spec: str | None, target: TargetModel, n_mask: int = 4, seed: int
 
 def load_ngram(spec: str | None, vocab_size: int | None = None) -> NGramModel | None:
     """'none' -> no n-gram term; 'default' -> the default model's table (shipped, cached, or built once);
-    else an .npz file, or a .trie file of the DART authors (which has no vocabulary size: give the target's)."""
+    else an .npz file, or a .trie file of the DART authors (which has no vocabulary size: give the target's), or
+    a hub file as repo:file."""
     if spec in (None, "", "none"):
         return None
     if spec == "default":
         return NGramModel.load(ensure_default_ngram())
+    if is_hub_id(spec):
+        spec = str(fetch(spec, "n-gram table"))
     if str(spec).endswith(".trie"):
         return read_trie(spec, vocab_size=vocab_size)
     return NGramModel.load(spec)

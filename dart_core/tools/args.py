@@ -8,6 +8,7 @@ import argparse
 from ..errors import DartError
 from ..methods import METHODS
 from ..setup.defaults import default_search_config
+from ..setup.hub import HUB_ENV, PRESETS, allow_hub, expand_preset
 from ..tree_search import SearchConfig
 
 DTYPE_CHOICES = ["fp32", "bf16", "fp16", "float32", "bfloat16", "float16"]
@@ -24,15 +25,38 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+MODEL_HELP = ("'default' (SmolLM2-135M-Instruct, embedded), a transformers folder, a hub id, or a preset of the DART "
+              f"authors' released heads ({', '.join(PRESETS)}: target, head and n-gram table together)")
+DRAFT_HELP = "'default' (the shipped head), 'random', a head folder (ours or the DART authors'), or a hub id"
+NGRAM_HELP = "'default', 'none', an n-gram .npz or .trie file, or a hub file as repo:file"
+HUB_HELP = (f"let hub ids be downloaded (through huggingface_hub); without it (or {HUB_ENV}=1) only the local hub "
+            "cache is read and nothing is ever downloaded")
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a transformers folder, "
-                                                      "or a hub id where the hub is reachable")
-    p.add_argument("--draft", default="default", help="'default' (the shipped head), 'random', or a head folder")
-    p.add_argument("--ngram", default="default", help="'default', 'none', or an n-gram .npz file")
+    p.add_argument("--model", default="default", help=MODEL_HELP)
+    p.add_argument("--draft", default="default", help=DRAFT_HELP)
+    p.add_argument("--ngram", default="default", help=NGRAM_HELP)
+    p.add_argument("--hub", action="store_true", help=HUB_HELP)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="fp32", choices=DTYPE_CHOICES)
     p.add_argument("--recalibrate", action="store_true",
                    help="measure this machine's kernels and verify cost curve again (they are cached per machine)")
+
+
+THINKING_HELP = ("let the chat template open a reasoning block (Qwen3's enable_thinking); off by default, as in the "
+                 "DART authors' evaluation")
+
+
+def resolve_model_names(args) -> None:
+    """A preset named by --model fills in --draft and --ngram left at 'default'; --hub is the download opt-in."""
+    if getattr(args, "model", None) is not None:
+        args.model, draft, ngram = expand_preset(args.model, getattr(args, "draft", None), getattr(args, "ngram", None))
+        for name, value in (("draft", draft), ("ngram", ngram)):
+            if hasattr(args, name):   # commands that read only a tokenizer have neither
+                setattr(args, name, value)
+    if getattr(args, "hub", False):
+        allow_hub()
 
 
 def add_method_arg(p: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ import sys
 
 from ..errors import DartError
 from . import bench, generate, ngram, train
-from .args import Parser
+from .args import Parser, resolve_model_names
 
 
 def build_parser() -> Parser:
@@ -23,6 +23,7 @@ def build_parser() -> Parser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    resolve_model_names(args)
     try:
         return args.handler(args)
     except KeyboardInterrupt:

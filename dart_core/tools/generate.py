@@ -12,7 +12,8 @@ from ..methods import uses_head
 from ..setup.chat import encode_prompt
 from ..setup.files import check_writable
 from ..setup.loading import load
-from .args import CliError, add_method_arg, add_model_args, add_search_args, auto_budget_from, search_config_from
+from .args import (THINKING_HELP, CliError, add_method_arg, add_model_args, add_search_args, auto_budget_from,
+                   search_config_from)
 
 
 def register(sub) -> None:
@@ -21,6 +22,7 @@ def register(sub) -> None:
     add_method_arg(g)
     g.add_argument("--prompt", required=True)
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    g.add_argument("--thinking", action="store_true", help=THINKING_HELP)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--max-context", type=int, default=None, help="prompt + output tokens at most")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -53,7 +55,7 @@ def cmd_generate(args) -> int:
     gen_cfg.stop_ids = loaded.stop_ids
     proposer = loaded.proposer(args.method, search_cfg, args.lookup_tokens, args.ngram_context_weight, auto,
                                args.recalibrate)
-    prompt_ids = encode_prompt(target.tokenizer, args.prompt, raw=args.raw)
+    prompt_ids = encode_prompt(target.tokenizer, args.prompt, raw=args.raw, thinking=args.thinking)
     trace = loaded.new_trace(args.method, prompt_ids, args.prompt, sampling, search_cfg, args.max_new_tokens,
                              args.lookup_tokens, args.ngram_context_weight, auto)
     metrics = Metrics()

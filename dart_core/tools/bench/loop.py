@@ -98,7 +98,7 @@ def fitting_prompts(plan: BenchPlan, target, prompts: list[BenchPrompt], runs_fi
     keep = []
     for p in prompts:
         if not p.ids:
-            p.ids = encode_prompt(target.tokenizer, p.text, raw=p.raw)
+            p.ids = encode_prompt(target.tokenizer, p.text, raw=p.raw, thinking=plan.thinking)
         if len(p.ids) + plan.max_new_tokens > target.max_positions:
             reason = (f"{p.id}: prompt of {len(p.ids)} tokens + max new tokens exceeds the context of "
                       f"{target.max_positions}")

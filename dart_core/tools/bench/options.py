@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..args import CliError, add_model_args, add_search_args
+from ..args import THINKING_HELP, CliError, add_model_args, add_search_args
 from .methods import METHODS
 
 DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
@@ -75,6 +75,7 @@ def add_bench_args(p) -> None:
                    help="comma list of mtbench, humaneval (default: both, or none when --prompts is given)")
     p.add_argument("--prompts", default=None, help="a jsonl file with a 'prompt' field a line (bad lines skipped)")
     p.add_argument("--limit", type=int, default=None, help="prompts per workload at most")
+    p.add_argument("--thinking", action="store_true", help=THINKING_HELP)
     p.add_argument("--max-new-tokens", type=int, default=128, help="per prompt and method")
     p.add_argument("--temperature", default="0,0.7", help="comma list; 0 = greedy (default: 0,0.7)")
     p.add_argument("--top-p", type=float, default=1.0)
