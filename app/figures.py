@@ -1,8 +1,8 @@
 """Plotly figures built from traces: pure functions `trace/step -> go.Figure`, no Gradio, no model.
 
 - `tree_figure`: one step's token tree (networkx layout), node colours by fate, rich hover; the pruned view groups
-  the pool per parent (`app.pruned_groups`).
-- `rows_heatmap`: the draft rows (top-k per depth) of one step.
+  the pool per parent (`app.pruned_groups`), and the token the target wanted where the step stopped is ringed.
+- `rows_heatmap`: the draft rows (top-k per depth) of one step, the missed token's cell outlined.
 - `accepted_length_figure`, `acceptance_by_position_figure`, `time_split_figure`: charts over a run.
 """
 
@@ -16,8 +16,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from dart_core.budget import pool_path
 from dart_core.methods import DART, PLD, VANILLA
-from dart_core.forensics import REASON_TEXT, budget_effects, miss_counts
+from dart_core.forensics import BEYOND, REASON_TEXT, Miss, budget_effects, miss_counts, step_miss
 from dart_core.metrics import Metrics
 from dart_core.setup.calibration import CostCurve
 from dart_core.trace import PHASES, Trace
@@ -41,6 +42,7 @@ NAMES = {ROOT: "root (previous step's token)", ACCEPTED: "accepted draft", REJEC
 FATE_TEXT = {ACCEPTED: "accepted", REJECTED: "verified, rejected", ROOT: "root", BONUS: "bonus (target's own)",
              PRUNED_BUDGET: "pruned (node budget)", PRUNED_BEAM: "pruned (beam cut)",
              PRUNED_NGRAM: "pruned (unseen n-gram)"}
+MISSED_COLOR, MISSED_NAME = "#c62828", "missed: the token the target wanted"   # a ring over the node
 LANE_COLORS = {VANILLA: "#78909c", DART: "#ef6c00", PLD: "#7e57c2"}
 LANE_NAMES = {VANILLA: "plain", DART: "DART", PLD: "prompt lookup"}
 PHASE_COLORS = {"prefill": "#90a4ae", "draft": "#ffb74d", "search": "#ba68c8", "verify": "#4fc3f7",
@@ -102,6 +104,7 @@ class TreeView:
     nodes: list[TreeNode]
     title: str
     notes: list[str] = field(default_factory=list)
+    missed: dict[str, str] = field(default_factory=dict)   # node key -> what the target wanted there, and why
 
 
 def _cand_hover(c: Candidates, i: int, context: list[int], trace: Trace) -> list[str]:
@@ -267,6 +270,13 @@ def tree_figure_from_view(view: TreeView) -> go.Figure:
             marker={"color": COLORS[cat], "size": 8 if faint else 12, "symbol": "square" if cat == PRUNED_MORE
                     else "circle", "line": {"color": "#78909c" if cat == PRUNED_MORE else "white", "width": 1}},
             hovertext=[n.hover for n in group], hoverinfo="text"))
+    if view.missed:
+        keys = list(view.missed)
+        fig.add_trace(go.Scatter(
+            x=[pos[k][0] for k in keys], y=[pos[k][1] for k in keys], mode="markers", name=MISSED_NAME,
+            customdata=keys, marker={"symbol": "circle-open", "size": 22, "color": MISSED_COLOR,
+                                     "line": {"color": MISSED_COLOR, "width": 3}},
+            hovertext=list(view.missed.values()), hoverinfo="text"))
     rows = 1 - min(y for _, y in pos.values())
     plot_px = max(MIN_PLOT_PX, ROW_PX * (rows + 0.2))   # the y range below spans rows + 0.2: ROW_PX per row at least
     depth = max(n.depth for n in view.nodes)
@@ -277,6 +287,25 @@ def tree_figure_from_view(view: TreeView) -> go.Figure:
         yaxis={"visible": False, "range": [-(rows - 1) - 0.6, 0.6]}, plot_bgcolor="white", hovermode="closest",
         legend={"orientation": "h", "y": -0.02, "yanchor": "top", "x": 0}, margin=TREE_MARGIN)
     return fig
+
+
+def missed_token(trace: Trace, index: int) -> Miss | None:
+    """What the target wanted where step `index` stopped short, or None: nothing missed, or the step accepted all
+    the head drafted (the next token lies beyond its rows, so no tree could hold it)."""
+    miss = step_miss(trace, index)
+    return miss if miss is not None and miss.reason != BEYOND else None
+
+
+def _missed_marks(trace: Trace, index: int, miss: Miss, view: TreeView) -> dict[str, str]:
+    """Where the figure rings the missed token: the bonus (the target's own token, just where the draft would have
+    hung), and its pool candidate when the figure draws it."""
+    step = trace.steps[index]
+    text = "<b>missed</b>: " + plotly_escape(miss.text(lambda t: token_text(trace, t)))
+    marks = {"bonus": text}
+    walk = pool_path(step.candidates.token, step.candidates.parent, step.new_tokens[:miss.depth])
+    if len(walk) == miss.depth and (key := candidate_key(step.candidates, walk[-1])) in {n.key for n in view.nodes}:
+        marks[key] = text
+    return marks
 
 
 def tree_figure(trace: Trace, index: int, show_pruned: bool = False, max_pruned: int = MAX_PRUNED) -> go.Figure:
@@ -292,6 +321,9 @@ def tree_figure(trace: Trace, index: int, show_pruned: bool = False, max_pruned:
              + (" + bonus" if bonus is not None else ""))
     view = tree_view(trace, step.tree, step.path, bonus, step.candidates, step_context(trace, index),
                      show_pruned, max_pruned, title, step.lookup_nodes)
+    if (miss := missed_token(trace, index)) is not None:
+        view.missed = _missed_marks(trace, index, miss, view)
+        view.notes.insert(0, "ringed: the target " + miss.text(lambda t: token_text(trace, t)))
     return tree_figure_from_view(view)
 
 
@@ -309,6 +341,9 @@ def rows_heatmap(trace: Trace, index: int) -> go.Figure:
     if step.tree is not None:
         in_tree = {(step.tree.depths[n], step.tree.tokens[n]) for n in range(1, len(step.tree))}
     on_path = {(d, step.tree.tokens[n]) for d, n in enumerate(step.path)} if step.tree is not None else set()
+    miss = missed_token(trace, index)
+    wanted_row = [int(t) for t in rows_t[miss.depth - 1]] if miss is not None else []   # a miss is within the rows
+    missed_cell = (miss.depth - 1, wanted_row.index(miss.token)) if miss and miss.token in wanted_row else None
     text, hover = [], []
     for r in range(R):
         trow, hrow = [], []
@@ -318,6 +353,8 @@ def rows_heatmap(trace: Trace, index: int) -> go.Figure:
             trow.append(token_label(token_text(trace, tok), 8) + mark)
             where = ("accepted at this depth" if mark == "✓" else "in the tree at this depth" if mark == "•"
                      else "not in the tree at this depth")
+            if (r, j) == missed_cell:
+                where += "<br><b>missed</b>: the target wanted this token here"
             hrow.append(f"<b>{token_label(token_text(trace, tok), 40)}</b> (id {tok})<br>depth {r + 1} · rank {j + 1}"
                         f"<br>draft prob {rows_p[r, j]:.4f}<br>{where}")
         text.append(trow)
@@ -325,9 +362,20 @@ def rows_heatmap(trace: Trace, index: int) -> go.Figure:
     fig = go.Figure(go.Heatmap(z=rows_p, x=[str(j + 1) for j in range(k)], y=[f"depth {r + 1}" for r in range(R)],
                                text=text, texttemplate="%{text}", hovertext=hover, hoverinfo="text",
                                colorscale="Oranges", zmin=0, zmax=1, colorbar={"title": "draft p"}))
-    fig.update_layout(title={"text": f"Step {index}: draft rows (✓ accepted, • in the tree)", "x": 0.01},
-                      xaxis={"title": "rank in the row"}, yaxis={"autorange": "reversed"},
-                      height=max(260, 90 + 48 * R), margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    title = f"Step {index}: draft rows (✓ accepted, • in the tree)"
+    if miss is not None:
+        wanted = f"the target wanted “{token_label(token_text(trace, miss.token), 20)}” at depth {miss.depth}"
+        if missed_cell is None:
+            title += f"<br><sup>{wanted}: not in the top-k of that row</sup>"
+        else:
+            r, j = missed_cell   # categorical axes: the cell of row r, column j spans r ± 0.5, j ± 0.5
+            fig.add_shape(type="rect", x0=j - 0.5, x1=j + 0.5, y0=r - 0.5, y1=r + 0.5, name="missed",
+                          line={"color": MISSED_COLOR, "width": 3})
+            title += (f"<br><sup>outlined: {wanted} (the head's guess no. {j + 1}): "
+                      f"{plotly_escape(REASON_TEXT[miss.reason])}</sup>")
+    fig.update_layout(title={"text": title, "x": 0.01}, xaxis={"title": "rank in the row"},
+                      yaxis={"autorange": "reversed"}, height=max(280, 110 + 48 * R),
+                      margin={"l": 10, "r": 10, "t": 70, "b": 40})
     return fig
 
 

@@ -9,11 +9,17 @@ import numpy as np
 import pytest
 
 from app import figures
-from app.figures import NAMES, PRUNED, PRUNED_MORE, ROW_PX
+from app.figures import BONUS, NAMES, PRUNED, PRUNED_MORE, ROW_PX
 from app.pruned_groups import ROOT, pruned_groups
+from dart_core.decoding import GenerationConfig, run
+from dart_core.forensics import BEAM, BUDGET, NGRAM, NOT_IN_TOPK, REASON_TEXT, run_misses
 from dart_core.ngram import NGramModel
-from dart_core.trace import StepRecord, Trace
+from dart_core.proposers import DartProposer
+from dart_core.trace import RunSettings, StepRecord, Trace
 from dart_core.tree_search import KEPT, NODE_BUDGET, Candidates, SearchConfig, search
+from tests.app_fixtures import tiny_traces
+from tests.test_forensics import CFG, NoisyDrafter
+from tests.tiny import tiny_target
 
 
 def hand_candidates(rows) -> Candidates:
@@ -121,3 +127,73 @@ def test_a_depth_with_nothing_drawn_shows_only_its_summary(big):
         summaries = [k for k, v in nodes.items() if v[3] == NAMES[PRUNED_MORE] and v[0] == x]
         assert summaries == [f"m{x}"]                          # one node for the whole depth, under no parent
     assert "showing the 5 best-scored of" in fig.layout.title.text
+
+
+# ---------------------------------------------------------------------------------------------- the missed token
+@pytest.fixture(scope="module")
+def missing():
+    """A greedy DART run of a blurred drafter (as tests/test_forensics.py builds it): it stops short often."""
+    target = tiny_target("llama", seed=9)
+    rng = np.random.default_rng(0)
+    table = NGramModel.build([rng.integers(3, 96, 400).tolist()], vocab_size=target.vocab_size, order=3)
+    trace = run(target, DartProposer(NoisyDrafter(target), CFG, table), [1, 4, 5, 6, 7, 8],
+                GenerationConfig(max_new_tokens=40), settings=RunSettings(search=CFG))
+    trace.token_text = {t: f" w{t}" for t in trace.mentioned_tokens()}
+    return trace
+
+
+def first_miss(trace, reasons):
+    return next(m for m in run_misses(trace) if m.reason in reasons)
+
+
+def rings(fig) -> dict[str, str]:
+    return {k: h for t in fig.data if t.name == figures.MISSED_NAME for k, h in zip(t.customdata, t.hovertext)}
+
+
+def missed_shapes(fig):
+    return [s for s in fig.layout.shapes if s.line.color == figures.MISSED_COLOR]
+
+
+def test_a_miss_in_the_rows_is_ringed_in_the_tree_and_outlined_in_the_rows(missing):
+    m = first_miss(missing, (BUDGET, NGRAM, BEAM))
+    tree = figures.tree_figure(missing, m.step)
+    assert list(rings(tree)) == ["bonus"]                       # where the wanted token would have hung
+    hover = rings(tree)["bonus"]
+    assert f"wanted “ w{m.token}” at depth {m.depth}" in hover and REASON_TEXT[m.reason] in hover
+    bonus = next(t for t in tree.data if t.name == NAMES[BONUS])
+    ring = next(t for t in tree.data if t.name == figures.MISSED_NAME)
+    assert (ring.x[0], ring.y[0]) == (bonus.x[0], bonus.y[0])
+    assert "ringed: the target wanted" in tree.layout.title.text
+    heat = figures.rows_heatmap(missing, m.step)
+    (shape,) = missed_shapes(heat)
+    assert (shape.x0 + 0.5, shape.y0 + 0.5) == (m.row_rank, m.depth - 1)   # the wanted token's cell
+    assert np.asarray(heat.data[0].z).shape[1] > m.row_rank
+    assert "missed" in np.asarray(heat.data[0].hovertext)[m.depth - 1][m.row_rank]
+    assert "outlined" in heat.layout.title.text and "not in the top-k" not in heat.layout.title.text
+
+
+def test_a_pruned_miss_is_ringed_where_the_pruned_view_draws_it(missing):
+    m = first_miss(missing, (BUDGET, NGRAM))
+    c = missing.steps[m.step].candidates
+    fig = figures.tree_figure(missing, m.step, show_pruned=True)
+    drawn = [k for k in rings(fig) if k.startswith("c")]
+    assert len(drawn) == 1 and int(c.token[int(drawn[0][1:])]) == m.token    # the pool's candidate itself
+    assert int(c.level[int(drawn[0][1:])]) + 1 == m.depth
+
+
+def test_a_miss_outside_the_top_k_is_named_in_the_rows_title(missing):
+    m = first_miss(missing, (NOT_IN_TOPK,))
+    heat = figures.rows_heatmap(missing, m.step)
+    assert not missed_shapes(heat)
+    assert f"“␣w{m.token}” at depth {m.depth}: not in the top-k" in heat.layout.title.text
+    assert "bonus" in rings(figures.tree_figure(missing, m.step))
+
+
+def test_no_mark_where_nothing_was_missed():
+    dart = tiny_traces()["dart"]   # an oracle drafter: some steps accept every row
+    full = [i for i, s in enumerate(dart.steps) if s.rows_tokens is not None and s.accepted == s.rows_tokens.shape[0]]
+    assert full
+    for i in full + [0]:
+        assert not rings(figures.tree_figure(dart, i, show_pruned=True))
+        heat = figures.rows_heatmap(dart, i)
+        assert not missed_shapes(heat) and "wanted" not in (heat.layout.title.text or "")
