@@ -1,12 +1,15 @@
-"""`python -m dart_core ngram build`: count the n-grams of ShareGPT (and generated text) into a table for the search."""
+"""`python -m dart_core ngram build`: count the n-grams of ShareGPT (and generated text) into a table for the search;
+`ngram convert`: between our .npz tables and the DART authors' .trie files."""
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from ..ngram import NGramModel
-from ..setup.files import check_writable
+from ..ngram_trie import read_trie, write_trie
+from ..setup.files import check_writable, write_atomic
 from ..setup.ngram_tables import (DEFAULT_MIN_COUNT, DEFAULT_ORDER, DEFAULT_SOURCES, build_table,
                                   load_tokenizer_and_vocab, parse_sources, save_atomic)
 from .args import CliError
@@ -47,6 +50,42 @@ def cmd_ngram_build(args) -> int:
     return 0
 
 
+TABLE_SUFFIXES = (".npz", ".trie")
+
+
+def cmd_ngram_convert(args) -> int:
+    src, dst = Path(args.input), Path(args.output)
+    for path in (src, dst):
+        if path.suffix not in TABLE_SUFFIXES:
+            raise CliError(f"{path}: use a .npz (our table) or a .trie (the DART authors') file")
+    if src.suffix == dst.suffix:
+        raise CliError(f"{src} and {dst} are both {src.suffix} files: nothing to convert")
+    if args.vocab_size is not None and args.vocab_size < 1:
+        raise CliError(f"--vocab-size must be >= 1, got {args.vocab_size}")
+    out = check_writable(dst)
+    t = time.perf_counter()
+    progress = not args.no_progress
+    if src.suffix == ".trie":
+        model = read_trie(src, vocab_size=args.vocab_size, progress=progress)
+        size = save_atomic(model, out)
+    else:
+        model = NGramModel.load(src)
+        if args.vocab_size is not None and args.vocab_size != model.vocab_size:
+            raise CliError(f"{src} has a vocabulary of {model.vocab_size}, not {args.vocab_size}")
+        size = write_atomic(out, lambda tmp: write_trie(model, tmp, progress=progress))
+    seconds = time.perf_counter() - t
+    result = {"in": str(src), "out": str(out), "bytes": size, "order": model.order, "vocab_size": model.vocab_size,
+              "ngrams": [int(k.size) for k in model.keys], "seconds": round(seconds, 2)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"wrote {out} ({size / 1e6:.1f} MB): order {model.order}, vocabulary {model.vocab_size:,}"
+              + (" (the largest token + 1; --vocab-size gives the target's)"
+                 if src.suffix == ".trie" and args.vocab_size is None else "")
+              + f"; {table_summary(model)}; {seconds:.1f} s")
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("ngram", help="n-gram tables for DART's tree search")
     nsub = p.add_subparsers(dest="ngram_command", required=True)
@@ -62,3 +101,11 @@ def register(sub) -> None:
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     b.set_defaults(handler=cmd_ngram_build)
+    c = nsub.add_parser("convert", help="convert between .npz tables and the DART authors' .trie files")
+    c.add_argument("input", help="the .npz or .trie file to read")
+    c.add_argument("output", help="the .trie or .npz file to write")
+    c.add_argument("--vocab-size", type=int, default=None,
+                   help="the target's vocabulary size (a .trie does not store it; default: its largest token + 1)")
+    c.add_argument("--no-progress", action="store_true")
+    c.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    c.set_defaults(handler=cmd_ngram_convert)
