@@ -18,6 +18,7 @@ from . import figures
 from .callbacks import (CHART_OUTPUTS, LANE_OUTPUTS, MAX_TRACE_BYTES, STEP_OUTPUTS, WHATIF_KNOBS, WHATIF_OUTPUTS,
                         Callbacks, message_html)
 from .engine import Engine
+from .explain import CHARTS_TAB, GLOSSARY_TAB, PRUNING_TAB, TREE_TAB, WHATIF_TAB, glossary_html, tour_html
 from .lanes import replay_lane
 from .options import EXAMPLES, KNOBS, SAMPLING_KNOBS, TREE_KNOBS
 from .pruning import COLUMNS
@@ -97,6 +98,11 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
             notices.insert(0, engine.describe())
         gr.HTML("".join(f'<div class="notice">{html.escape(n)}</div>' for n in notices), elem_id="notices")
         comps["message"] = gr.HTML("", elem_id="message")
+        # The first-visit tour: shown on load unless this browser dismissed it before (kept in its local storage).
+        tour_seen = gr.BrowserState(False, storage_key="dart-lab-tour-seen")
+        with gr.Column(visible=False, variant="panel", elem_id="tour") as tour:
+            gr.HTML(tour_html())
+            tour_ok = gr.Button("Got it", size="sm", elem_id="tour-ok")
 
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=300):
@@ -152,20 +158,20 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
                                                            elem_id="show-pruned", container=False)
                 comps["step_info"] = gr.HTML("", elem_id="step-info")
                 with gr.Tabs():
-                    with gr.Tab("Token tree"):
+                    with gr.Tab(TREE_TAB):
                         comps["tree"] = gr.Plot(figures.message_figure("Run a prompt or upload a trace to see its "
                                                                        "steps."), show_label=False, elem_id="tree-plot")
-                    with gr.Tab("Pruning decisions"):
+                    with gr.Tab(PRUNING_TAB):
                         comps["table"] = gr.Dataframe(headers=list(COLUMNS), label="Best candidates per draft row",
                                                       interactive=False, wrap=True, max_height=440,
                                                       column_widths=["6%", "5%", "14%", "12%", "7%", "7%", "7%",
                                                                      "8%", "7%", "7%", "10%", "10%"],
                                                       elem_id="prune-table")
                         comps["heatmap"] = gr.Plot(label="Draft rows", elem_id="rows-plot")
-                    with gr.Tab("Run charts"):
+                    with gr.Tab(CHARTS_TAB):
                         for name in CHART_OUTPUTS:
                             comps[name] = gr.Plot(show_label=False, elem_id=name.replace("_", "-"))
-                    with gr.Tab("What-if"):
+                    with gr.Tab(WHATIF_TAB):
                         gr.Markdown("Change the tree knobs and rerun only the search of the selected DART step: the "
                                     "draft rows are reused as recorded. With the model loaded the new tree is "
                                     "verified by one target forward; without it, a greedy trace still tells exactly "
@@ -176,6 +182,9 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
                         comps["wi_btn"] = gr.Button("Rerun the search of this step", elem_id="whatif-btn")
                         comps["wi_info"] = gr.HTML("", elem_id="whatif-info")
                         comps["wi_tree"] = gr.Plot(show_label=False, elem_id="whatif-plot")
+                    with gr.Tab(GLOSSARY_TAB):
+                        gr.HTML(glossary_html(), elem_id="glossary")
+                        tour_again = gr.Button("Show the tour again", size="sm", elem_id="tour-again")
 
         c = comps
         all_out = [c[k] for k in OUTPUT_NAMES]
@@ -228,7 +237,19 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
             return {"state": session}
 
         demo.load(_bind(start, OUTPUT_NAMES), [c["show_pruned"]], all_out, **hidden)
+        demo.load(show_tour, [tour_seen], [tour], **hidden)
+        tour_ok.click(dismiss_tour, None, [tour_seen, tour], **hidden)
+        tour_again.click(lambda: gr.update(visible=True), None, [tour], **hidden)
     return demo
+
+
+def show_tour(seen) -> dict:
+    return gr.update(visible=not seen)
+
+
+def dismiss_tour() -> tuple:
+    """Got it: remembered in the browser, so the tour stays hidden on the next visits."""
+    return True, gr.update(visible=False)
 
 
 def _move(cb: Callbacks, delta: int, session, key, index, show_pruned):

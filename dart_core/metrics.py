@@ -1,14 +1,13 @@
 """One metrics object read by the CLI, the benchmark and the UI. Definitions follow Spec-Bench / vLLM.
 
-- tau (mean acceptance length): tokens emitted per target verification step, the bonus token included,
-  i.e. 1 + accepted draft tokens / verify steps (the last step may emit fewer when a stop token or the token
-  limit cuts it; tau counts what was really emitted). The prefill's first token is not counted.
-- forward_passes: target forwards, i.e. verify steps + one prefill per generation observed.
-- tokens_per_forward: emitted tokens / forward_passes, the prefill's token included (comparable with a count of
-  transformers' forwards, where the prefill may already accept drafts).
-- acceptance_by_depth[d-1]: share of verify steps that accepted at least d draft tokens.
-- conditional_acceptance[d-1]: share of the steps that accepted d-1 tokens which also accepted the d-th.
-- tokens_per_s: emitted tokens / wall time from the start of the prefill to the end of the last step.
+The words are defined once, in dart_core.glossary.GLOSSARY (the app's glossary shows that text), and computed here:
+- tau: GLOSSARY["τ (tau)"].
+- tokens_per_forward: GLOSSARY["tokens per forward"]; forward_passes counts the forwards (verify steps + one
+  prefill per generation observed).
+- acceptance_by_depth[d-1], conditional_acceptance[d-1]: GLOSSARY["acceptance per position"], the share of steps
+  that reached depth d and the conditional rate.
+- tokens_per_s: emitted tokens / wall time from the start of the prefill to the end of the last step (a speedup,
+  GLOSSARY["speedup"], is a ratio of these).
 - phase_share: each per-step phase's share (draft, search, verify, accept) of their summed time; the prefill is
   left out, being paid once per generation rather than per step.
 """

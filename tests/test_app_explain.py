@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import html
 import re
 from collections import Counter
+from html.parser import HTMLParser
 
+import gradio as gr
 import numpy as np
 import pytest
 
 from app import figures
+from app.engine import Engine
+from app.explain import TABS, glossary_html, tour_html
 from app.figures import BONUS, NAMES, PRUNED, PRUNED_MORE, ROW_PX
+from app.lanes import LANE_ORDER, LANE_TITLES
 from app.pruned_groups import ROOT, pruned_groups
+from app.ui import build_app
+from dart_core import metrics
 from dart_core.decoding import GenerationConfig, run
 from dart_core.forensics import BEAM, BUDGET, NGRAM, NOT_IN_TOPK, REASON_TEXT, run_misses
+from dart_core.glossary import GLOSSARY
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer
 from dart_core.trace import RunSettings, StepRecord, Trace
@@ -197,3 +206,58 @@ def test_no_mark_where_nothing_was_missed():
         assert not rings(figures.tree_figure(dart, i, show_pruned=True))
         heat = figures.rows_heatmap(dart, i)
         assert not missed_shapes(heat) and "wanted" not in (heat.layout.title.text or "")
+
+
+# ---------------------------------------------------------------------------------------------- glossary and tour
+TERMS = ("τ (tau)", "acceptance per position", "tokens per forward", "node budget", "beam (width)", "n-gram term",
+         "lookup branch", "bonus token", "draft head row", "speedup")
+
+
+class Definitions(HTMLParser):
+    """{term: definition} of a <dl>, the text unescaped."""
+
+    def __init__(self, markup: str):
+        super().__init__()
+        self.items: dict[str, str] = {}
+        self.tag, self.term = None, None
+        self.feed(markup)
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("dt", "dd"):
+            self.tag = tag
+
+    def handle_data(self, data):
+        if self.tag == "dt":
+            self.term = data
+        elif self.tag == "dd":
+            self.items[self.term] = self.items.get(self.term, "") + data
+
+
+def test_the_glossary_renders_dart_cores_definitions():
+    assert set(TERMS) <= set(GLOSSARY)
+    assert Definitions(glossary_html()).items == GLOSSARY
+    refs = set(re.findall(r'GLOSSARY\["([^"]+)"\]', metrics.__doc__))   # the metrics name their definitions
+    assert {"τ (tau)", "tokens per forward", "acceptance per position"} <= refs <= set(GLOSSARY)
+
+
+def test_the_tour_names_the_real_colours_lanes_and_tabs():
+    tour = tour_html()
+    for cat in figures.CATEGORIES:
+        assert f"background:{figures.COLORS[cat]}" in tour and html.escape(NAMES[cat]) in tour
+    assert f"solid {figures.MISSED_COLOR}" in tour and figures.MISSED_NAME in tour
+    assert all(LANE_TITLES[k] in tour for k in LANE_ORDER)
+    assert all(f"<b>{html.escape(name)}</b>" in tour for name in TABS)
+
+
+def test_the_app_shows_the_tour_until_dismissed_and_the_glossary_tab(tmp_path):
+    demo = build_app(Engine.replay_only(None), trace_dir=tmp_path)
+    blocks = list(demo.blocks.values())
+    assert [b.label for b in blocks if isinstance(b, gr.Tab)] == list(TABS)          # the tour's tabs are the app's
+    assert glossary_html() in [b.value for b in blocks if isinstance(b, gr.HTML)]
+    tour = next(b for b in blocks if getattr(b, "elem_id", None) == "tour")
+    (seen,) = [b for b in blocks if isinstance(b, gr.BrowserState)]
+    assert not tour.visible and seen.default_value is False                            # decided at page load
+    on_load = next(f for f in demo.fns.values() if f.inputs == [seen] and f.outputs == [tour])
+    assert on_load.fn(False)["visible"] is True and on_load.fn(True)["visible"] is False
+    ok = next(f for f in demo.fns.values() if f.outputs == [seen, tour])
+    assert ok.fn() == (True, gr.update(visible=False))                                 # remembered in the browser
