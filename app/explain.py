@@ -69,5 +69,6 @@ def tour_html() -> str:
 
 def glossary_html() -> str:
     """dart_core's glossary as a definition list."""
-    items = "".join(f"<dt><b>{html.escape(term)}</b></dt><dd>{html.escape(text)}</dd>" for term, text in GLOSSARY.items())
+    items = "".join(f"<dt><b>{html.escape(term)}</b></dt><dd>{html.escape(text)}</dd>"
+                    for term, text in GLOSSARY.items())
     return f'<dl class="glossary">{items}</dl>'
