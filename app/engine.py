@@ -58,7 +58,7 @@ class Engine:
             if draft == "random":
                 notices.append("The draft head is random (untrained, --draft random): the trees are real but almost "
                                "nothing gets accepted.")
-        table = load_ngram(ngram)
+        table = load_ngram(ngram, target.vocab_size)
         check_ngram_fits(table, target)
         return cls(Loaded(target, head, table, model, draft, ngram, device, dtype), notices=notices)
 

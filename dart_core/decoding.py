@@ -14,6 +14,7 @@ from .acceptance import SamplingConfig, accept, choose_token
 from .errors import ConfigError
 from .proposers import Proposer
 from .target import TargetModel
+from .timing import PhaseClock
 from .trace import RunSettings, StepRecord, Trace
 
 
@@ -47,13 +48,16 @@ def generate(target: TargetModel, proposer: Proposer, prompt_ids: list[int],
     proposer.reset()
     cache = target.new_cache()
 
+    clock = PhaseClock(target.device)
     start = time.perf_counter()
+    clock.mark()
     logits, features = target.prefill(list(prompt_ids), cache, features=proposer.needs_features)
     root = choose_token(logits, config.sampling, gen)
+    clock.mark()
     committed = list(prompt_ids)
     emitted = 1
     step = StepRecord(index=0, kind="prefill", context_len=0, new_tokens=[root],
-                      timings={"prefill": time.perf_counter() - start})
+                      timings={"prefill": clock.spans()[0]})
     step.stop_reason = _stop_reason([root], stops, emitted, config.max_new_tokens, len(committed) + 1, max_context)
     step.elapsed = time.perf_counter() - start
     yield step
@@ -63,15 +67,16 @@ def generate(target: TargetModel, proposer: Proposer, prompt_ids: list[int],
         past = len(committed)
         # After this step the sequence holds past + len(path) + 1 (bonus) tokens: keep that within the context.
         max_nodes = max_context - past - 2
-        t0 = time.perf_counter()
+        clock.mark()
         proposal = proposer.propose(committed + [root], features, max_nodes)
-        t1 = time.perf_counter()
+        clock.mark()
         tree = proposal.tree
         logits, feats = target.verify(tree, cache, features=proposer.needs_features)
-        t2 = time.perf_counter()
+        clock.mark()
         result = accept(tree, logits, config.sampling, gen)
         target.commit(cache, past, result.path)
-        t3 = time.perf_counter()
+        clock.mark()
+        propose_time, verify_time, accept_time = clock.spans()
 
         features = feats[result.path] if feats is not None else None
         committed.extend(tree.tokens[i] for i in result.path)
@@ -80,12 +85,12 @@ def generate(target: TargetModel, proposer: Proposer, prompt_ids: list[int],
         emitted += len(new)
         root = result.bonus
         # The measured draft/search split comes from the proposer; whatever else propose() spent counts as draft.
-        draft_time = (t1 - t0) - proposal.search_time
+        draft_time = propose_time - proposal.search_time
         step = StepRecord(
             index=index, kind="verify", context_len=past, new_tokens=new, accepted=result.accepted, tree=tree,
             path=result.path, rows_tokens=proposal.rows_tokens, rows_probs=proposal.rows_probs,
             candidates=proposal.candidates, lookup_nodes=list(proposal.lookup_nodes or []), budget=proposal.budget,
-            timings={"draft": draft_time, "search": proposal.search_time, "verify": t2 - t1, "accept": t3 - t2})
+            timings={"draft": draft_time, "search": proposal.search_time, "verify": verify_time, "accept": accept_time})
         step.stop_reason = _stop_reason(new, stops, emitted, config.max_new_tokens, len(committed) + 1, max_context)
         step.elapsed = time.perf_counter() - start
         yield step

@@ -180,7 +180,9 @@ class DartProposer(Proposer):
         top = logits.float().topk(k, dim=-1)
         probs = top.values.softmax(-1)          # renormalised over the top-k, as the reference does
         tokens = self.drafter.target_ids(top.indices)
-        rows_tokens, rows_probs = tokens.cpu().numpy(), probs.cpu().numpy()  # the one host transfer
+        # the one host transfer of the step's drafting: ids and probabilities together (ids < 2^24 are exact in fp32)
+        both = torch.stack([tokens.to(probs.dtype), probs]).cpu().numpy()
+        rows_tokens, rows_probs = both[0].astype(np.int64), both[1]
         t1 = time.perf_counter()
         result = search(rows_tokens, rows_probs, context, config, self.ngram, self.eos_ids, node_budget=max_nodes)
         tree, lookup_nodes, branch = result.tree, None, []

@@ -137,8 +137,11 @@ class TargetModel:
         keep = torch.tensor([past + i for i in kept_nodes], dtype=torch.long)
         if int(keep.max()) >= n_total:
             raise ValueError("kept node outside the verified block")
+        on_device = {}   # one copy of the indices per device, not one per layer
         for layer in cache.layers:
-            idx = keep.to(layer.keys.device)
+            idx = on_device.get(layer.keys.device)
+            if idx is None:
+                idx = on_device[layer.keys.device] = keep.to(layer.keys.device)
             layer.keys = torch.cat([layer.keys[..., :past, :], layer.keys.index_select(-2, idx)], dim=-2)
             layer.values = torch.cat([layer.values[..., :past, :], layer.values.index_select(-2, idx)], dim=-2)
 

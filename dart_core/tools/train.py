@@ -101,7 +101,7 @@ def training_records(tokenizer, responses: list[str], sharegpt: int, max_tokens:
 
 def unigram_counts(spec: str, vocab_size: int):
     """[V] token counts from an n-gram table (its 1-grams), or None."""
-    table = load_ngram(spec)
+    table = load_ngram(spec, vocab_size)
     if table is None:
         return None
     counts = torch.zeros(vocab_size, dtype=torch.float64)

@@ -69,7 +69,7 @@ def add_bench_args(p) -> None:
     p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (the target loads once each)")
     p.add_argument("--ngram", default="default",
                    help="'default' (the shipped assets/ table, else one built once into the user cache: ~1 min), "
-                        "'none', or an n-gram .npz file")
+                        "'none', an n-gram .npz or .trie file, or a hub file as repo:file")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
     p.add_argument("--workloads", default=None,
                    help="comma list of mtbench, humaneval (default: both, or none when --prompts is given)")
