@@ -20,16 +20,16 @@ from dart_core.errors import DartError
 from dart_core.forensics import step_miss
 from dart_core.methods import DART, PLD, VANILLA
 from dart_core.trace import Trace, TraceError
+from dart_core.views import figures
+from dart_core.views.pruning import fate_counts, pruning_table
+from dart_core.views.story import story_html
+from dart_core.views.text_render import lane_html, lane_text_html, token_text
 
-from . import figures
 from .engine import Engine, EngineError
 from .lanes import DONE, ERROR, LANE_ORDER, LANE_TITLES, STOPPED, Lane, lane_of, lane_stats, lane_status_text, \
     replay_lane, round_robin
 from .options import OptionError, check_knob, check_prompt, sampling_from, search_from
-from .pruning import fate_counts, pruning_table
 from .session import Session
-from .story import story_html
-from .text_render import lane_html, lane_text_html, token_text
 from .whatif import HOW_TEXT, is_greedy, what_if
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,9 @@ import html
 
 from dart_core.glossary import GLOSSARY
 from dart_core.methods import DART, PLD, VANILLA
+from dart_core.views.figures import (ACCEPTED, BONUS, CATEGORIES, COLORS, MISSED_COLOR, MISSED_NAME, NAMES,
+                                     PRUNED_BEAM, PRUNED_BUDGET, PRUNED_MORE, PRUNED_NGRAM, REJECTED, ROOT)
 
-from .figures import (ACCEPTED, BONUS, CATEGORIES, COLORS, MISSED_COLOR, MISSED_NAME, NAMES, PRUNED_BEAM,
-                      PRUNED_BUDGET, PRUNED_MORE, PRUNED_NGRAM, REJECTED, ROOT)
 from .lanes import LANE_ORDER, LANE_TITLES
 
 TREE_TAB, PRUNING_TAB, CHARTS_TAB, WHATIF_TAB, GLOSSARY_TAB = (

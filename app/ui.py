@@ -13,17 +13,17 @@ import gradio as gr
 
 from dart_core.methods import PLD
 from dart_core.trace import Trace
+from dart_core.views import figures
+from dart_core.views.pruning import COLUMNS
+from dart_core.views.text_render import LEGEND_HTML
 
-from . import figures
 from .callbacks import (CHART_OUTPUTS, LANE_OUTPUTS, MAX_TRACE_BYTES, STEP_OUTPUTS, WHATIF_KNOBS, WHATIF_OUTPUTS,
                         Callbacks, message_html)
 from .engine import Engine
 from .explain import CHARTS_TAB, GLOSSARY_TAB, PRUNING_TAB, TREE_TAB, WHATIF_TAB, glossary_html, tour_html
 from .lanes import replay_lane
 from .options import EXAMPLES, KNOBS, SAMPLING_KNOBS, TREE_KNOBS
-from .pruning import COLUMNS
 from .session import Session
-from .text_render import LEGEND_HTML
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,7 @@ from dart_core.ngram import NGramModel
 from dart_core.trace import Trace
 from dart_core.tree import TokenTree
 from dart_core.tree_search import Candidates, SearchConfig, search
-
-from .figures import step_context
+from dart_core.views.figures import step_context
 
 VERIFIED, REPLAYED, ESTIMATED = "verified", "replayed", "estimated"
 HOW_TEXT = {VERIFIED: "verified with one target forward",

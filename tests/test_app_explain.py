@@ -11,12 +11,9 @@ import gradio as gr
 import numpy as np
 import pytest
 
-from app import figures
 from app.engine import Engine
 from app.explain import TABS, glossary_html, tour_html
-from app.figures import BONUS, NAMES, PRUNED, PRUNED_MORE, ROW_PX
 from app.lanes import LANE_ORDER, LANE_TITLES
-from app.pruned_groups import ROOT, pruned_groups
 from app.ui import build_app
 from dart_core import metrics
 from dart_core.decoding import GenerationConfig, run
@@ -26,6 +23,9 @@ from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer
 from dart_core.trace import RunSettings, StepRecord, Trace
 from dart_core.tree_search import KEPT, NODE_BUDGET, Candidates, SearchConfig, search
+from dart_core.views import figures
+from dart_core.views.figures import BONUS, NAMES, PRUNED, PRUNED_MORE, ROW_PX
+from dart_core.views.pruned_groups import ROOT, pruned_groups
 from tests.app_fixtures import tiny_traces
 from tests.test_forensics import CFG, NoisyDrafter
 from tests.tiny import tiny_target

@@ -7,12 +7,12 @@ import re
 import numpy as np
 import pytest
 
-from app import figures
-from app.figures import ACCEPTED, BONUS, COLORS, NAMES, PRUNED, REJECTED, ROOT
-from app.pruning import COLUMNS, fate_counts, pruning_table
-from app.text_render import DRAFT, TARGET, lane_text_html, token_label, token_origins
 from dart_core.metrics import Metrics
 from dart_core.trace import StepRecord
+from dart_core.views import figures
+from dart_core.views.figures import ACCEPTED, BONUS, COLORS, NAMES, PRUNED, REJECTED, ROOT
+from dart_core.views.pruning import COLUMNS, fate_counts, pruning_table
+from dart_core.views.text_render import DRAFT, TARGET, lane_text_html, token_label, token_origins
 from tests.app_fixtures import hand_trace, tiny_traces
 
 

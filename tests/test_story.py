@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.pruning import fate_counts
-from app.story import step_story, story_html
+from dart_core.views.pruning import fate_counts
+from dart_core.views.story import step_story, story_html
 from tests.app_fixtures import hand_trace, tiny_traces
 
 

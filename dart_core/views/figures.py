@@ -1,7 +1,8 @@
 """Plotly figures built from traces: pure functions `trace/step -> go.Figure`, no Gradio, no model.
 
 - `tree_figure`: one step's token tree (networkx layout), node colours by fate, rich hover; the pruned view groups
-  the pool per parent (`app.pruned_groups`), and the token the target wanted where the step stopped is ringed.
+  the pool per parent (`dart_core.views.pruned_groups`), and the token the target wanted where the step stopped is
+  ringed.
 - `rows_heatmap`: the draft rows (top-k per depth) of one step, the missed token's cell outlined.
 - `accepted_length_figure`, `acceptance_by_position_figure`, `time_split_figure`: charts over a run.
 """
@@ -135,7 +136,7 @@ def tree_view(trace: Trace, tree: TokenTree, path: list[int], bonus: int | None,
               context: list[int], show_pruned: bool = False, max_pruned: int = MAX_PRUNED,
               title: str = "", lookup_nodes=(), per_parent: int = PER_PARENT) -> TreeView:
     """Nodes of a tree figure: the verified tree, the bonus token, and optionally the pruned candidates, grouped per
-    parent (see app.pruned_groups)."""
+    parent (see dart_core.views.pruned_groups)."""
     accepted = set(path[1:])
     cand_of_node: dict[int, int] = {}
     if candidates is not None and len(candidates):
