@@ -17,7 +17,7 @@ CONFIGS = {
 
 
 def tiny_target(family: str = "llama", vocab: int = 96, hidden: int = 64, layers: int = 6, seed: int = 0,
-                dtype=torch.float32, max_positions: int = 512, tie: bool = True) -> TargetModel:
+                dtype=torch.float32, max_positions: int = 512, tie: bool = True, device: str = "cpu") -> TargetModel:
     torch.manual_seed(seed)
     cfg = CONFIGS[family](
         vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
@@ -27,7 +27,7 @@ def tiny_target(family: str = "llama", vocab: int = 96, hidden: int = 64, layers
     # Random init gives near-uniform logits; sharpen them so greedy paths have structure (and real ties are rare).
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(8.0)
-    return TargetModel(model.eval())
+    return TargetModel(model.to(device).eval())
 
 
 def random_head(target: TargetModel, n_mask: int = 3, seed: int = 0, **overrides) -> DraftHead:

@@ -1,0 +1,136 @@
+"""The device check: DART's decoding on a device, dtype by dtype, with tiny models and (where its files are on the
+machine) the default model. One line per check and a summary; exit status 1 if any check failed.
+
+    python -m scripts.gpu_check --device cuda     # what scripts/gpu-check.sh runs on a GPU (a few minutes)
+    python -m scripts.gpu_check --device cpu --quick   # the same code paths on a CPU (the test suite runs this)
+
+Checks, per dtype (fp32, bf16, fp16):
+- lossless: DART (our own head and a head in the DART authors' format, on Llama and Qwen3 targets) gives exactly
+  the target's own greedy tokens in fp32; in bf16 / fp16 a tree verified in one batch may round differently from
+  one token at a time at near-ties, so there the check is that most prompts agree token for token;
+- timings: every step's phases were timed (CUDA events on a GPU) and add up to no more than the wall time.
+Then, with the default model (SmolLM2-135M-Instruct) if it is on this machine: DART against plain decoding on 10
+MT-bench prompts, greedy, token-identical in fp32, with both speeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dart_core.decoding import GenerationConfig, run
+from dart_core.errors import DartError
+from dart_core.metrics import Metrics
+from dart_core.proposers import DartProposer, HeadDrafter, VanillaProposer
+from dart_core.setup.chat import encode_prompt
+from dart_core.setup.datasets import mtbench_prompts
+from dart_core.setup.defaults import cache_root
+from dart_core.setup.loading import load, load_draft
+from dart_core.tree_search import SearchConfig
+from tests.authors_format import write_authors_head
+from tests.test_engine_lossless import prompts
+from tests.tiny import plain_greedy_reference, random_head, tiny_target
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+LOW_PRECISION_AGREEMENT = 0.75   # share of prompts token-identical where rounding may split near-ties
+
+
+class Report:
+    def __init__(self):
+        self.failed: list[str] = []
+
+    def check(self, name: str, ok: bool, detail: str) -> None:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}", flush=True)
+        if not ok:
+            self.failed.append(name)
+
+
+def tiny_lossless(report: Report, device: str, dtype: str, n_prompts: int, folder: Path) -> None:
+    for family in ("llama", "qwen3"):
+        target = tiny_target(family, seed=3, dtype=DTYPES[dtype], device=device)
+        write_authors_head(folder / family, target, draft_length=3, seed=1)
+        heads = {"own head": random_head(target, seed=1),
+                 "authors' head": load_draft(str(folder / family), target)}
+        for name, head in heads.items():
+            proposer = DartProposer(HeadDrafter(head, target), SearchConfig(node_budget=30))
+            same, steps, timed = 0, 0, True
+            batch = prompts(n_prompts, target.vocab_size, seed=4)
+            for prompt in batch:
+                expected = plain_greedy_reference(target, prompt, 16)
+                trace = run(target, proposer, prompt, GenerationConfig(max_new_tokens=16))
+                same += trace.output_ids == expected
+                steps += len(trace.steps)
+                timed &= all(min(s.timings.values()) >= 0 and sum(s.timings.values()) <= s.elapsed + 1e-3
+                             for s in trace.steps)
+            need = len(batch) if dtype == "fp32" else int(LOW_PRECISION_AGREEMENT * len(batch))
+            report.check(f"{dtype} {family} {name} lossless", same >= need,
+                         f"{same}/{len(batch)} prompts token-identical to the target's own greedy decoding "
+                         f"({steps} steps)")
+            report.check(f"{dtype} {family} {name} timings", timed, "every phase timed, within the wall time")
+
+
+def default_model(report: Report, device: str, n_prompts: int, max_new_tokens: int) -> None:
+    if not (cache_root() / "SmolLM2-135M-Instruct" / "model.safetensors").is_file():
+        print(f"NOTE  default model: not on this machine ({cache_root() / 'SmolLM2-135M-Instruct'}); "
+              "the default-model comparison did not run", flush=True)
+        return
+    loaded = load("default", device=device, dtype="fp32")
+    target = loaded.target
+    config = GenerationConfig(max_new_tokens=max_new_tokens, stop_ids=loaded.stop_ids)
+    texts = [p.text for p in mtbench_prompts()[:n_prompts]]
+    dart, plain = loaded.proposer("dart", auto=True), VanillaProposer()
+    run(target, plain, encode_prompt(target.tokenizer, texts[0]), config)   # warm-up (kernels, allocator)
+    same, seconds, metrics = 0, {"plain": 0.0, "dart": 0.0}, {"plain": Metrics(), "dart": Metrics()}
+    for text in texts:
+        ids = encode_prompt(target.tokenizer, text)
+        outputs = {}
+        for name, proposer in (("plain", plain), ("dart", dart)):
+            t = time.perf_counter()
+            trace = run(target, proposer, ids, config)
+            seconds[name] += time.perf_counter() - t
+            outputs[name] = trace.output_ids
+            for step in trace.steps:
+                metrics[name].observe(step)
+        same += outputs["plain"] == outputs["dart"]
+    speed = {k: metrics[k].new_tokens / seconds[k] for k in seconds}
+    report.check("default model fp32 lossless", same == len(texts),
+                 f"{same}/{len(texts)} prompts token-identical to plain decoding")
+    print(f"INFO  default model on {device}: plain {speed['plain']:.1f} tok/s, DART {speed['dart']:.1f} tok/s "
+          f"({speed['dart'] / speed['plain']:.2f}x, tau {metrics['dart'].tau:.2f}, "
+          f"{max_new_tokens} new tokens, {len(texts)} prompts)", flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m scripts.gpu_check")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--quick", action="store_true", help="fp32 only, fewer prompts, no default model")
+    args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"error: --device {args.device}, but CUDA is not available here", file=sys.stderr)
+        return 2
+    where = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "CPU"
+    print(f"INFO  device {args.device} ({where}), torch {torch.__version__}", flush=True)
+    report = Report()
+    dtypes = ["fp32"] if args.quick else list(DTYPES)
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype in dtypes:
+            if dtype == "bf16" and args.device.startswith("cuda") and not torch.cuda.is_bf16_supported():
+                print("NOTE  bf16: this GPU has no bf16 support; not run", flush=True)
+                continue
+            try:
+                tiny_lossless(report, args.device, dtype, 3 if args.quick else 8, Path(tmp))
+            except (RuntimeError, DartError) as exc:   # a dtype the device cannot run is a failed check, not a crash
+                report.check(f"{dtype} runs", False, str(exc).splitlines()[0])
+    if not args.quick:
+        default_model(report, args.device, n_prompts=10, max_new_tokens=128)
+    print(f"{'ALL CHECKS PASSED' if not report.failed else 'FAILED: ' + ', '.join(report.failed)}", flush=True)
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
