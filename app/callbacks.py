@@ -19,7 +19,7 @@ import gradio as gr
 from dart_core.errors import DartError
 from dart_core.forensics import step_miss
 from dart_core.methods import DART, PLD, VANILLA
-from dart_core.trace import Trace, TraceError
+from dart_core.trace import Trace, TraceError, check_trace
 from dart_core.views import figures
 from dart_core.views.pruning import fate_counts, pruning_table
 from dart_core.views.story import story_html
@@ -187,15 +187,19 @@ class Callbacks:
         folder = Path(tempfile.mkdtemp(prefix="run-", dir=_ensure(self.trace_dir)))
         session.trace_folder = str(folder)
         paths = []
-        for lane in lanes:
-            trace = lane.trace
-            trace.name_tokens(self.engine.tokenizer)
-            if lane.own_time > 0:
-                trace.settings.own_time_s = round(lane.own_time, 6)
+        for trace in self._finished(lanes):
             path = folder / f"{trace.method}-trace.json.gz"
             trace.save(path)
             paths.append(str(path))
         return paths
+
+    def _finished(self, lanes: list[Lane]) -> list[Trace]:
+        """The lanes' traces, ready to leave the app: every token named, each lane's own time recorded."""
+        for lane in lanes:
+            lane.trace.name_tokens(self.engine.tokenizer)
+            if lane.own_time > 0:
+                lane.trace.settings.own_time_s = round(lane.own_time, 6)
+        return [lane.trace for lane in lanes]
 
     # ------------------------------------------------------------------ events
     def run(self, session: Session | None, prompt, use_pld, temperature, top_p, top_k, max_new_tokens, seed,
@@ -344,9 +348,7 @@ class Callbacks:
                 if Path(path).stat().st_size > MAX_TRACE_BYTES:
                     raise TraceError(f"the file is larger than {MAX_TRACE_BYTES >> 20} MiB")
                 trace = Trace.load(path)
-                if not trace.steps:
-                    raise TraceError("the trace has no steps")
-                _check_trace(trace)
+                check_trace(trace)
             except (DartError, OSError) as exc:
                 errors.append(f"{name}: {exc}")
                 continue
@@ -421,25 +423,3 @@ def budget_text(budget: dict) -> str:
 def _ensure(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-def _check_trace(trace: Trace) -> None:
-    """Reject traces whose steps do not hang together (they would break the views)."""
-    for i, s in enumerate(trace.steps):
-        if s.index != i:
-            raise TraceError(f"step {i} is numbered {s.index}")
-        if s.kind not in ("prefill", "verify"):
-            raise TraceError(f"step {i} has unknown kind {s.kind!r}")
-        if s.tree is not None:
-            if any(not 0 <= n < len(s.tree) for n in s.path) or (s.path and s.path[0] != 0):
-                raise TraceError(f"step {i}: the accepted path is not inside its tree")
-            if s.candidates is not None:
-                c = s.candidates
-                cols = {len(getattr(c, f)) for f in ("token", "level", "parent", "score", "fate", "beam", "node")}
-                if len(cols) != 1:
-                    raise TraceError(f"step {i}: candidate columns differ in length")
-                if len(c) and (c.parent.max() >= len(c) or c.node.max() >= len(s.tree)):
-                    raise TraceError(f"step {i}: candidates point outside the step")
-        if s.rows_tokens is not None and (s.rows_probs is None or s.rows_tokens.shape != s.rows_probs.shape
-                                          or s.rows_tokens.ndim != 2):
-            raise TraceError(f"step {i}: draft rows are malformed")

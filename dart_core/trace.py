@@ -239,6 +239,30 @@ class Trace:
         return cls.from_dict(data)
 
 
+def check_trace(trace: Trace) -> None:
+    """Reject a trace with no steps, or whose steps do not hang together (they would break the views)."""
+    if not trace.steps:
+        raise TraceError("the trace has no steps")
+    for i, s in enumerate(trace.steps):
+        if s.index != i:
+            raise TraceError(f"step {i} is numbered {s.index}")
+        if s.kind not in ("prefill", "verify"):
+            raise TraceError(f"step {i} has unknown kind {s.kind!r}")
+        if s.tree is not None:
+            if any(not 0 <= n < len(s.tree) for n in s.path) or (s.path and s.path[0] != 0):
+                raise TraceError(f"step {i}: the accepted path is not inside its tree")
+            if s.candidates is not None:
+                c = s.candidates
+                cols = {len(getattr(c, f)) for f in ("token", "level", "parent", "score", "fate", "beam", "node")}
+                if len(cols) != 1:
+                    raise TraceError(f"step {i}: candidate columns differ in length")
+                if len(c) and (c.parent.max() >= len(c) or c.node.max() >= len(s.tree)):
+                    raise TraceError(f"step {i}: candidates point outside the step")
+        if s.rows_tokens is not None and (s.rows_probs is None or s.rows_tokens.shape != s.rows_probs.shape
+                                          or s.rows_tokens.ndim != 2):
+            raise TraceError(f"step {i}: draft rows are malformed")
+
+
 # ---------------------------------------------------------------------------------------------------- encoding
 def pack(array: np.ndarray, dtype: str) -> dict:
     """A numeric array as {"dtype", "shape", "b64"}: little-endian bytes in base64."""

@@ -1,4 +1,4 @@
-"""Command line: `python -m dart_core generate | bench | ngram | train-data | train ...`.
+"""Command line: `python -m dart_core generate | bench | ngram | train-data | train | report ...`.
 
 A user's mistake (any DartError: a bad argument, a missing file, a head that does not fit) exits with status 2 and
 one line on stderr. Anything else is a bug: its traceback is printed and the exit status is 1.
@@ -9,14 +9,14 @@ from __future__ import annotations
 import sys
 
 from ..errors import DartError
-from . import bench, generate, ngram, train
+from . import bench, generate, ngram, report, train
 from .args import Parser, resolve_model_names
 
 
 def build_parser() -> Parser:
     parser = Parser(prog="python -m dart_core", description="DART speculative decoding engine")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in (generate, bench, ngram, train):
+    for command in (generate, bench, ngram, train, report):
         command.register(sub)
     return parser
 
