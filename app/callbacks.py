@@ -22,6 +22,7 @@ from dart_core.methods import DART, PLD, VANILLA
 from dart_core.trace import Trace, TraceError, check_trace
 from dart_core.views import figures
 from dart_core.views.pruning import fate_counts, pruning_table
+from dart_core.views.report import report_html
 from dart_core.views.story import story_html
 from dart_core.views.text_render import lane_html, lane_text_html, token_text
 
@@ -192,6 +193,21 @@ class Callbacks:
             trace.save(path)
             paths.append(str(path))
         return paths
+
+    def export_html(self, session: Session | None) -> dict:
+        """The session's lanes as one self-contained HTML file (dart_core.views.report), offered for download."""
+        lanes = [lane for lane in (session.lanes.values() if session else ()) if lane.trace.steps]
+        if not lanes:
+            return {"export": None, **warn("Run a prompt or upload a trace first: there is no run to export yet.")}
+        text = report_html(self._finished(lanes))
+        if session.report_folder:  # the previous export: Gradio serves its own copy
+            shutil.rmtree(session.report_folder, ignore_errors=True)
+        folder = Path(tempfile.mkdtemp(prefix="report-", dir=_ensure(self.trace_dir)))
+        session.report_folder = str(folder)
+        path = folder / "dart-lab-run.html"
+        path.write_text(text, encoding="utf-8")
+        return {"export": str(path), "message": message_html(f"Exported the run ({len(text) / 1e6:.1f} MB): one "
+                                                               f"HTML file that opens offline.", "info")}
 
     def _finished(self, lanes: list[Lane]) -> list[Trace]:
         """The lanes' traces, ready to leave the app: every token named, each lane's own time recorded."""

@@ -17,6 +17,7 @@ class Session:
     follow: bool = True          # the step view follows the newest step while generating
     running: bool = False
     trace_folder: str | None = None  # where the latest downloadable traces were written (one folder per session)
+    report_folder: str | None = None  # where the latest exported HTML report was written
 
     def new_run(self, lanes: list[Lane]) -> None:
         """Replace the lanes; the previous run (if any still runs) keeps its own stop flag, now set."""

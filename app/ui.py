@@ -135,6 +135,9 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
                                                  interactive=False, elem_id="downloads")
                     comps["upload"] = gr.File(label="Upload traces to replay", file_count="multiple",
                                               file_types=[".json"], elem_id="upload")
+                    comps["export_btn"] = gr.Button("Export HTML", size="sm", elem_id="export-btn")
+                    comps["export"] = gr.File(label="The run as one HTML file (opens offline, to share)",
+                                              interactive=False, elem_id="export-file")
                 with gr.Accordion("How to read the tree", open=False):
                     gr.Markdown(HELP_PATH.read_text(encoding="utf-8"))
             with gr.Column(scale=4):
@@ -224,6 +227,8 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
             c[key].click(on_token, [c["state"], c["show_pruned"]], [c[k] for k in token_names], **hidden)
         c["upload"].upload(_bind(cb.upload, OUTPUT_NAMES), [c["state"], c["upload"], c["show_pruned"]], all_out,
                            **hidden)
+        c["export_btn"].click(_bind(cb.export_html, ["export", "message"]), [c["state"]],
+                              [c["export"], c["message"]], api_name="export_html")
         wi_names = ["wi_tree", "wi_info", "message"]
         c["wi_btn"].click(_bind(cb.what_if, wi_names), [*view_in[:3], *(c[f"wi_{k}"] for k in WHATIF_KNOBS)],
                           [c[k] for k in wi_names], concurrency_limit=1, concurrency_id=MODEL_EVENTS,

@@ -122,6 +122,15 @@ def tree_points(drv) -> int:
     return len(drv.find_elements(By.CSS_SELECTOR, "#tree-plot .scatterlayer .points path.point"))
 
 
+def dismiss_tour(drv) -> None:
+    """Close the first-visit tour (shown on load in a fresh browser profile) with its "Got it" button."""
+    from selenium.webdriver.common.by import By
+    button = wait_for(drv, lambda d: d.find_element(By.CSS_SELECTOR, "#tour-ok"), 60, "the tour")
+    button.click()
+    wait_for(drv, lambda d: not d.find_elements(By.CSS_SELECTOR, "#tour-ok") or
+             not d.find_element(By.CSS_SELECTOR, "#tour-ok").is_displayed(), 30, "the tour to close")
+
+
 def run_prompt(drv, prompt: str, timeout: float = 150.0) -> None:
     """Type a prompt, press Run, and wait until both lanes are done."""
     from selenium.webdriver.common.by import By
@@ -175,6 +184,7 @@ def main(argv=None) -> int:
         drv = make_driver(browser, driver, width, height)
         try:
             drv.get(url)
+            dismiss_tour(drv)
             open_accordion(drv, "Sampling")
             set_slider(drv, "max-new-tokens", args.max_new_tokens)
             open_accordion(drv, "Sampling", close=True)

@@ -1,19 +1,20 @@
 """End to end in a real headless browser: Debian's chromium driven by selenium (no browser download).
 
 Starts `python app.py` (default model, random draft head) on a free port, types a prompt, runs it, waits for both
-lanes, checks that the tree is drawn and that the step selector (prev, slider, token click) changes it, and replays
-an uploaded trace. Skips, saying why, only when chromium, chromedriver or selenium is missing (.ci/run installs them).
+lanes, checks that the tree is drawn and that the step selector (prev, slider, token click) changes it, exports the
+run as HTML and opens that file from disk, and replays an uploaded trace. Skips, saying why, only when chromium, chromedriver or selenium is missing (.ci/run installs them).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import urllib.request
 
 import pytest
 
-from tests.app_browser import (find_chromium, make_driver, open_accordion, run_prompt, serve_app, set_slider,
-                               tree_points, tree_title, wait_for)
+from tests.app_browser import (dismiss_tour, find_chromium, make_driver, open_accordion, run_prompt, serve_app,
+                               set_slider, tree_points, tree_title, wait_for)
 from tests.app_fixtures import hand_trace
 
 BROWSER, DRIVER, WHY = find_chromium()
@@ -39,6 +40,7 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
         drv = make_driver(BROWSER, DRIVER, 1500, 1400)
         try:
             drv.get(url)
+            dismiss_tour(drv)
             open_accordion(drv, "Sampling")
             set_slider(drv, "max-new-tokens", MAX_NEW)
             run_prompt(drv, "Write a Python function that adds two numbers.", timeout=240)
@@ -70,6 +72,29 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
             drv.find_element(By.CSS_SELECTOR, "#show-pruned input").click()
             wait_for(drv, lambda d: tree_points(d) > before, 30, "the pruned candidates")
             drv.save_screenshot(str(tmp_path / "explore.png"))
+
+            # Export: the run as one HTML file, which opens from disk with no server and draws a step's tree.
+            open_accordion(drv, "Traces")
+            wait_for(drv, lambda d: d.find_element(By.CSS_SELECTOR, "#export-btn"), 30, "the export button").click()
+            link = wait_for(drv, lambda d: d.find_element(By.CSS_SELECTOR, "#export-file a[href]"), 60,
+                            "the exported file")
+            report = tmp_path / "run.html"
+            with urllib.request.urlopen(link.get_attribute("href"), timeout=30) as r:
+                report.write_bytes(r.read())
+            app_tab = drv.current_window_handle
+            drv.switch_to.new_window("tab")
+            drv.get(report.as_uri())
+            step = wait_for(drv, lambda d: d.find_element(By.CSS_SELECTOR, "details.step[data-tree] > summary"), 30,
+                            "the report's steps")
+            drv.execute_script("arguments[0].scrollIntoView()", step)
+            step.click()
+            wait_for(drv, lambda d: d.find_elements(By.CSS_SELECTOR, "details[open] .tree.js-plotly-plot .point"), 30,
+                     "a tree drawn in the report")
+            assert drv.find_element(By.CSS_SELECTOR, "details[open] .step-story").text
+            assert len(drv.find_elements(By.CSS_SELECTOR, ".lane-vanilla, .lane-dart")) == 2   # both lanes
+            drv.save_screenshot(str(tmp_path / "report.png"))
+            drv.close()
+            drv.switch_to.window(app_tab)
 
             # Replay: upload a saved trace; its lane and tree replace the run.
             path = tmp_path / "hand-trace.json"

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 from plotly.offline import get_plotlyjs
 
+from app.callbacks import Callbacks
+from app.engine import Engine
+from app.session import Session
 from dart_core.tools.cli import main
 from dart_core.views.report import ReportError, lane_key, report_html
 from dart_core.views.text_render import token_text
@@ -135,3 +139,17 @@ def test_the_command_writes_the_report_and_refuses_bad_traces(traces, tmp_path, 
     assert not (tmp_path / "x.html").exists()
     assert main(["report", str(paths[0]), "--out", str(tmp_path)]) == 2   # a folder
 
+
+def test_the_app_exports_the_sessions_lanes(tmp_path):
+    cb = Callbacks(Engine(), tmp_path)
+    session = Session()
+    out = cb.export_html(session)                 # nothing run yet: a message, no file
+    assert out["export"] is None and "no run to export" in out["message"]
+    path = tmp_path / "hand.json"
+    hand_trace().save(path)
+    cb.upload(session, [str(path)])
+    out = cb.export_html(session)
+    page = Page(open(out["export"], encoding="utf-8").read())
+    assert set(page.trees) == {"tree-dart-1"} and list(page.stories.values()) == [1, 1]
+    first = out["export"]
+    assert cb.export_html(session)["export"] != first and not Path(first).exists()   # only the latest kept

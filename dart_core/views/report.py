@@ -185,7 +185,7 @@ def _steps(key: str, trace: Trace) -> str:
     """One <details> per step: a summary line, the story, and (for a step with a draft tree) the tree's JSON."""
     out = []
     for i, step in enumerate(trace.steps):
-        emitted = "".join(token_text(trace, t) for t in step.new_tokens)
+        emitted = "".join(token_text(trace, t) for t in step.new_tokens).replace("\n", "↵")   # one line each
         line = f"step {i}: " + ("prefill" if step.kind == "prefill" else
                                 f"{len(step.tree) - 1 if step.tree else 0} draft nodes, {step.accepted} accepted")
         line = (f"{html.escape(line)} · emitted <code class=\"emitted\">{html.escape(emitted)}</code>")
