@@ -63,8 +63,13 @@ class KernelPlan:
         return cls({k: list(v) for k, v in d["choices"].items()}, d.get("timings", {}), tuple(d["buckets"]))
 
 
-class _Packed:
-    """One linear's weight packed for oneDNN."""
+class PackedLinear:
+    """One linear computed by oneDNN from a copy of its weight packed once (packed again if the weight changes).
+
+    On the 2-core EPYC this beats torch's default GEMM for few rows several times over, and beats
+    `torch.utils.mkldnn.MkldnnLinear` too: for SmolLM2's output layer (49,152 x 576, fp32) 3.8 / 3.8 / 5.1 / 6.6 ms
+    for 1 / 2 / 4 / 8 rows, against 4.0 / 7.7 / 9.0 / 9.6 ms (MkldnnLinear) and 7.7 / 18.9 / 17.1 / 17.6 ms (default).
+    The price is the packed copy in memory."""
 
     def __init__(self, linear: torch.nn.Linear):
         self.linear = linear
@@ -102,7 +107,7 @@ def measure_plan(linears: list[torch.nn.Linear], hardware: Hardware, rounds: int
             continue
         fns = {DEFAULT: [lambda x, m=m: F.linear(x, m.weight, m.bias) for m in group]}
         if ONEDNN in kernels:
-            fns[ONEDNN] = [_Packed(m) for m in group]
+            fns[ONEDNN] = [PackedLinear(m) for m in group]
         times: dict[str, list[float]] = {k: [] for k in fns}
         for rows in plan.buckets:
             x = torch.randn(rows, first.in_features, dtype=first.weight.dtype, device=first.weight.device)
@@ -133,7 +138,7 @@ class FastLinears:
     def __init__(self, linears: list[torch.nn.Linear], plan: KernelPlan):
         self.plan = plan
         self.linears = [m for m in linears if self.plan.choices.get(shape_key(m))]
-        self.packed = {id(m): _Packed(m) for m in self.linears if ONEDNN in plan.choices[shape_key(m)]}
+        self.packed = {id(m): PackedLinear(m) for m in self.linears if ONEDNN in plan.choices[shape_key(m)]}
         # built once: entering `active()` for every forward only assigns them (building them there cost ~1 ms a
         # forward on a 2-core CPU, 2% of a SmolLM2 verify)
         self._forwards = [(m, types.MethodType(self._forward(m), m)) for m in self.linears]

@@ -22,7 +22,8 @@ from .draft_head import DraftCache, DraftHead
 from .errors import ConfigError
 from .methods import DART, DART_PLD, PLD, VANILLA
 from .ngram import NGramModel
-from .target import OneDnnOutputHead, onednn_applies
+from .kernels import PackedLinear
+from .target import onednn_applies
 from .tree import TokenTree
 from .tree_search import Candidates, SearchConfig, search
 
@@ -111,7 +112,7 @@ class HeadDrafter(Drafter):
         weight = target.lm_head.weight
         self.out_weight = None if head.lm_head is not None else (
             weight if head.d2t is None else weight[head.d2t.to(weight.device)])
-        self.output = OneDnnOutputHead(head.lm_head) if onednn_applies(head.lm_head, target.hardware) else None
+        self.output = PackedLinear(head.lm_head) if onednn_applies(head.lm_head, target.hardware) else None
 
     def reset(self):
         self.cache = DraftCache()

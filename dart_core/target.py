@@ -9,11 +9,10 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 
 import torch
-from torch.utils import mkldnn as mkldnn_utils
 from transformers import DynamicCache
 
 from .hardware import Hardware, detect
-from .kernels import FastLinears, KernelPlan, decoder_linears
+from .kernels import FastLinears, KernelPlan, PackedLinear, decoder_linears
 from .tree import TokenTree
 
 
@@ -147,7 +146,7 @@ class TargetModel:
 
 
 def onednn_applies(layer, hardware: Hardware) -> bool:
-    """Whether OneDnnOutputHead can stand in for this layer: a Linear on CPU in fp32, or in bf16 where this CPU's
+    """Whether a PackedLinear can stand in for this layer: a Linear on CPU in fp32, or in bf16 where this CPU's
     oneDNN has a bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; on an AVX2-only CPU it raises instead)."""
     if not (isinstance(layer, torch.nn.Linear) and layer.weight.device.type == "cpu" and hardware.onednn):
         return False
@@ -156,39 +155,16 @@ def onednn_applies(layer, hardware: Hardware) -> bool:
     return layer.weight.dtype == torch.float32
 
 
-class OneDnnOutputHead:
-    """The model's output layer computed by oneDNN from a packed copy of its weight (re-packed if it changes).
-
-    On CPU, torch's default (MKL) GEMM for the [n, H] x [V, H] output layer is 2-4x slower than oneDNN's for the
-    few rows a verify forward has (on this project's 2-core AMD machine: 17-22 ms vs 5-9 ms for 2-16 rows, fp32),
-    and the output layer is the largest matrix of a small model. The draft head's output layer gains alike
-    (6 rows x 12,288 tokens: 4.7 ms vs 1.7 ms). The price is one packed copy of the weight in memory (113 MB for
-    SmolLM2-135M in fp32).
-    """
-
-    def __init__(self, linear: torch.nn.Linear):
-        self.linear = linear
-        self._packed, self._packed_version = None, None
-
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.linear.weight
-        version = (weight.data_ptr(), weight._version)
-        if version != self._packed_version:
-            self._packed = mkldnn_utils.MkldnnLinear(self.linear, weight.dtype)
-            self._packed_version = version
-        return self._packed(hidden)
-
-
 @torch.inference_mode()
-def _onednn_output_head(target: TargetModel) -> OneDnnOutputHead | None:
-    """A OneDnnOutputHead where it applies: CPU, fp32 or bf16, and the model's logits are exactly its output
-    layer applied to the last hidden state (checked once on two tokens: no soft-capping or scaling). The
-    transformers model itself is left untouched, so `model.generate` runs as shipped."""
+def _onednn_output_head(target: TargetModel) -> PackedLinear | None:
+    """The output layer on oneDNN's packed weight where it applies: CPU, fp32 or bf16, and the model's logits are
+    exactly its output layer applied to the last hidden state (checked once on two tokens: no soft-capping or
+    scaling). The transformers model itself is left untouched, so `model.generate` runs as shipped."""
     head = target.lm_head
     if not onednn_applies(head, target.hardware) or not hasattr(target.model, "model"):
         return None
     try:
-        fast = OneDnnOutputHead(head)
+        fast = PackedLinear(head)
         ids = torch.tensor([[0, 1]], dtype=torch.long, device=target.device)
         hidden = target.model.model(input_ids=ids).last_hidden_state[0]
         logits = target.model(input_ids=ids).logits[0]

@@ -119,7 +119,9 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
     """t(k) for the loaded model on this machine (measured with the kernels in use)."""
     kernels = json.dumps(target.fast_linears.plan.to_dict()["choices"], sort_keys=True) \
         if target.fast_linears is not None else ""
-    name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}")
+    # the output layer's implementation too: a faster one (MkldnnLinear became PackedLinear) changes the curve
+    output = type(target.output_head).__name__ if target.output_head is not None else "model"
+    name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}|{output}")
     return _cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
                    "the verify cost curve")
 
