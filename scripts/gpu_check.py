@@ -109,6 +109,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.gpu_check")
     p.add_argument("--device", default="cuda")
     p.add_argument("--quick", action="store_true", help="fp32 only, fewer prompts, no default model")
+    p.add_argument("--prompts", type=int, default=10, help="default-model prompts (MT-bench)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="per default-model prompt")
+    p.add_argument("--skip-tiny", action="store_true", help="only the default-model comparison")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"error: --device {args.device}, but CUDA is not available here", file=sys.stderr)
@@ -116,7 +119,7 @@ def main(argv=None) -> int:
     where = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "CPU"
     print(f"INFO  device {args.device} ({where}), torch {torch.__version__}", flush=True)
     report = Report()
-    dtypes = ["fp32"] if args.quick else list(DTYPES)
+    dtypes = [] if args.skip_tiny else ["fp32"] if args.quick else list(DTYPES)
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in dtypes:
             if dtype == "bf16" and args.device.startswith("cuda") and not torch.cuda.is_bf16_supported():
@@ -127,7 +130,7 @@ def main(argv=None) -> int:
             except (RuntimeError, DartError) as exc:   # a dtype the device cannot run is a failed check, not a crash
                 report.check(f"{dtype} runs", False, str(exc).splitlines()[0])
     if not args.quick:
-        default_model(report, args.device, n_prompts=10, max_new_tokens=128)
+        default_model(report, args.device, args.prompts, args.max_new_tokens)
     print(f"{'ALL CHECKS PASSED' if not report.failed else 'FAILED: ' + ', '.join(report.failed)}", flush=True)
     return 1 if report.failed else 0
 
