@@ -208,7 +208,7 @@ def _more_node(trace: Trace, c: Candidates, more: More, root_token: int) -> Tree
     return TreeNode(key, parent, -1, "", more.depth, PRUNED_MORE, hover, order, label=f"+{n} more (best {best:.2f})")
 
 
-def _layout(nodes: list[TreeNode]) -> dict[str, tuple[float, float]]:
+def tree_layout(nodes: list[TreeNode]) -> dict[str, tuple[float, float]]:
     """Tidy tree layout: depth to the right, leaves one row each top to bottom in DFS order, parents centred; the
     nodes without a parent besides the root get a row each below the tree. y is minus the row."""
     g = nx.DiGraph()
@@ -238,39 +238,62 @@ def _layout(nodes: list[TreeNode]) -> dict[str, tuple[float, float]]:
     return pos
 
 
-def tree_figure_from_view(view: TreeView) -> go.Figure:
-    pos = _layout(view.nodes)
-    fig = go.Figure()
-    edge_styles = {
-        "tree": ({"color": "#b0bec5", "width": 1.2}, lambda n: n.category == REJECTED),
-        "pruned": ({"color": "#e0e0e0", "width": 1, "dash": "dot"},
-                   lambda n: n.category in PRUNED or n.category == PRUNED_MORE),
-        "accepted": ({"color": COLORS[ACCEPTED], "width": 3}, lambda n: n.category == ACCEPTED),
-        "bonus": ({"color": COLORS[BONUS], "width": 2, "dash": "dash"}, lambda n: n.category == BONUS),
-    }
-    for name, (line, pick) in edge_styles.items():
+EDGE_LINES = {"tree": {"color": "#b0bec5", "width": 1.2}, "pruned": {"color": "#e0e0e0", "width": 1, "dash": "dot"},
+              "accepted": {"color": COLORS[ACCEPTED], "width": 3}, "bonus": {"color": COLORS[BONUS], "width": 2,
+                                                                             "dash": "dash"}}
+# The edge style into a node of each category (the root has no edge).
+EDGE_OF = {REJECTED: "tree", ACCEPTED: "accepted", BONUS: "bonus", **dict.fromkeys((*PRUNED, PRUNED_MORE), "pruned")}
+
+
+def edge_traces(nodes: list[TreeNode], pos: dict, edge_of: dict = EDGE_OF, keep_empty: bool = False) -> list:
+    """One line trace per edge style, each edge from a node's parent to it. `keep_empty`: a trace even for a style
+    with no edge (an animation's frames must all hold the same traces)."""
+    out = []
+    for name, line in EDGE_LINES.items():
         xs, ys = [], []
-        for n in view.nodes:
-            if n.parent is not None and pick(n):
+        for n in nodes:
+            if n.parent is not None and edge_of.get(n.category) == name:
                 (x0, y0), (x1, y1) = pos[n.parent], pos[n.key]
                 xs += [x0, x1, None]
                 ys += [y0, y1, None]
-        if xs:
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=line, hoverinfo="skip", showlegend=False,
-                                     name=f"edges: {name}"))
+        if xs or keep_empty:
+            out.append(go.Scatter(x=xs, y=ys, mode="lines", line=line, hoverinfo="skip", showlegend=False,
+                                  name=f"edges: {name}"))
+    return out
+
+
+def node_trace(group: list[TreeNode], pos: dict, name: str, color: str, faint: bool = False, square: bool = False,
+               left: bool = False) -> go.Scatter:
+    """The nodes of one category as markers with their labels (faint: smaller, grey labels; left: label on the
+    left, as the root's)."""
+    return go.Scatter(
+        x=[pos[n.key][0] for n in group], y=[pos[n.key][1] for n in group], mode="markers+text", name=name,
+        text=[n.label if n.label is not None else token_label(n.text) for n in group],
+        customdata=[n.key for n in group], textposition="middle left" if left else "middle right",
+        textfont={"size": 11, "color": "#78909c" if faint else "#263238"},
+        marker={"color": color, "size": 8 if faint else 12, "symbol": "square" if square else "circle",
+                "line": {"color": "#78909c" if square else "white", "width": 1}},
+        hovertext=[n.hover for n in group], hoverinfo="text")
+
+
+def tree_axes(pos: dict, depth: int, margin: dict = TREE_MARGIN) -> dict:
+    """Height and axes for nodes at `pos` (y is minus the row): ROW_PX per row at least, depths 0..depth across."""
+    rows = 1 - min(y for _, y in pos.values())
+    plot_px = max(MIN_PLOT_PX, ROW_PX * (rows + 0.2))   # the y range below spans rows + 0.2: ROW_PX per row at least
+    return {"height": int(plot_px + margin["t"] + margin["b"]), "margin": margin,
+            "xaxis": {"title": "depth", "dtick": 1, "range": [-0.6, depth + 0.9], "zeroline": False,
+                      "showgrid": False},
+            "yaxis": {"visible": False, "range": [-(rows - 1) - 0.6, 0.6]}}
+
+
+def tree_figure_from_view(view: TreeView) -> go.Figure:
+    pos = tree_layout(view.nodes)
+    fig = go.Figure(edge_traces(view.nodes, pos))
     for cat in CATEGORIES:
         group = [n for n in view.nodes if n.category == cat]
-        if not group:
-            continue
-        faint = cat in PRUNED or cat == PRUNED_MORE
-        fig.add_trace(go.Scatter(
-            x=[pos[n.key][0] for n in group], y=[pos[n.key][1] for n in group], mode="markers+text",
-            name=NAMES[cat], text=[n.label if n.label is not None else token_label(n.text) for n in group],
-            customdata=[n.key for n in group], textposition="middle left" if cat == ROOT else "middle right",
-            textfont={"size": 11, "color": "#78909c" if faint else "#263238"},
-            marker={"color": COLORS[cat], "size": 8 if faint else 12, "symbol": "square" if cat == PRUNED_MORE
-                    else "circle", "line": {"color": "#78909c" if cat == PRUNED_MORE else "white", "width": 1}},
-            hovertext=[n.hover for n in group], hoverinfo="text"))
+        if group:
+            fig.add_trace(node_trace(group, pos, NAMES[cat], COLORS[cat], faint=cat in PRUNED or cat == PRUNED_MORE,
+                                     square=cat == PRUNED_MORE, left=cat == ROOT))
     if view.missed:
         keys = list(view.missed)
         fig.add_trace(go.Scatter(
@@ -278,15 +301,10 @@ def tree_figure_from_view(view: TreeView) -> go.Figure:
             customdata=keys, marker={"symbol": "circle-open", "size": 22, "color": MISSED_COLOR,
                                      "line": {"color": MISSED_COLOR, "width": 3}},
             hovertext=list(view.missed.values()), hoverinfo="text"))
-    rows = 1 - min(y for _, y in pos.values())
-    plot_px = max(MIN_PLOT_PX, ROW_PX * (rows + 0.2))   # the y range below spans rows + 0.2: ROW_PX per row at least
-    depth = max(n.depth for n in view.nodes)
     title = plotly_escape(view.title) + "".join(f"<br><sup>{plotly_escape(note)}</sup>" for note in view.notes)
     fig.update_layout(
-        title={"text": title, "x": 0.01}, height=int(plot_px + TREE_MARGIN["t"] + TREE_MARGIN["b"]),
-        xaxis={"title": "depth", "dtick": 1, "range": [-0.6, depth + 0.9], "zeroline": False, "showgrid": False},
-        yaxis={"visible": False, "range": [-(rows - 1) - 0.6, 0.6]}, plot_bgcolor="white", hovermode="closest",
-        legend={"orientation": "h", "y": -0.02, "yanchor": "top", "x": 0}, margin=TREE_MARGIN)
+        title={"text": title, "x": 0.01}, **tree_axes(pos, max(n.depth for n in view.nodes)), plot_bgcolor="white",
+        hovermode="closest", legend={"orientation": "h", "y": -0.02, "yanchor": "top", "x": 0})
     return fig
 
 
