@@ -21,6 +21,7 @@ from dart_core.forensics import step_miss
 from dart_core.methods import DART, PLD, VANILLA
 from dart_core.trace import Trace, TraceError, check_trace
 from dart_core.views import figures
+from dart_core.views.animation import SPEEDS, run_animation, step_animation
 from dart_core.views.pruning import fate_counts, pruning_table
 from dart_core.views.report import report_html
 from dart_core.views.story import story_html
@@ -42,6 +43,7 @@ WHATIF_KNOBS = ("node_budget", "beam_width", "topk", "ngram_weight", "level_expo
 WHATIF_OUTPUTS = tuple(f"wi_{k}" for k in WHATIF_KNOBS)
 CHART_EVERY = 4          # refresh the run charts every this many steps of the viewed lane while generating
 MAX_TRACE_BYTES = 64 << 20
+NOTHING_TO_ANIMATE = "Run a prompt or upload a trace first: there is no run to animate yet."
 
 
 def message_html(text: str = "", kind: str = "error") -> str:
@@ -98,14 +100,25 @@ class Callbacks:
             return {"step": gr.update(maximum=1, value=0), "step_info": "", "tree": empty,
                     "table": pruning_table(Trace(DART, []), 0), "heatmap": empty}
         n = len(lane.trace.steps)
-        try:
-            i = min(max(int(index), 0), n - 1)
-        except (TypeError, ValueError):
-            i = n - 1
+        i = step_index(index, n)
         trace = lane.trace
         return {"step": gr.update(maximum=max(n - 1, 1), value=i), "step_info": self.step_info(lane, i),
                 "tree": figures.tree_figure(trace, i, bool(show_pruned)), "table": pruning_table(trace, i),
                 "heatmap": figures.rows_heatmap(trace, i)}
+
+    def animate_step(self, session: Session | None, key, index, speed=1.0) -> dict:
+        """The selected step as an animation that plays in the browser (dart_core.views.animation)."""
+        lane = session.lane(key) if session is not None else None
+        if lane is None or not lane.trace.steps:
+            return {"animation": figures.message_figure(NOTHING_TO_ANIMATE)}
+        return {"animation": step_animation(lane.trace, step_index(index, len(lane.trace.steps)), _speed(speed))}
+
+    def autoplay_run(self, session: Session | None, key, speed=1.0) -> dict:
+        """The selected lane's whole run, one frame per step."""
+        lane = session.lane(key) if session is not None else None
+        if lane is None or not lane.trace.steps:
+            return {"animation": figures.message_figure(NOTHING_TO_ANIMATE)}
+        return {"animation": run_animation(lane.trace, _speed(speed))}
 
     def step_info(self, lane: Lane, i: int) -> str:
         step, trace = lane.trace.steps[i], lane.trace
@@ -420,6 +433,22 @@ class Callbacks:
         mine, theirs = self.engine.loaded, trace.settings
         return (theirs.model, theirs.dtype) == (mine.model, mine.dtype) and \
             max(trace.mentioned_tokens(), default=0) < self.engine.target.vocab_size
+
+
+def step_index(index, n: int) -> int:
+    """A step number from the slider, within 0..n-1 (the newest step when it is not a number)."""
+    try:
+        return min(max(int(index), 0), n - 1)
+    except (TypeError, ValueError):
+        return n - 1
+
+
+def _speed(value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return 1.0
+    return value if value in SPEEDS else 1.0
 
 
 def budget_text(budget: dict) -> str:

@@ -14,6 +14,7 @@ import gradio as gr
 from dart_core.methods import PLD
 from dart_core.trace import Trace
 from dart_core.views import figures
+from dart_core.views.animation import SPEEDS
 from dart_core.views.pruning import COLUMNS
 from dart_core.views.text_render import LEGEND_HTML
 
@@ -40,6 +41,27 @@ element.addEventListener('click', (e) => {
   const t = e.target.closest('[data-step]');
   if (t) trigger('click', {lane: t.dataset.lane, step: Number(t.dataset.step)});
 });
+"""
+
+# gr.Plot draws with Plotly.react(data, layout) and drops a figure's frames, so the animations are drawn here, frames
+# and all, from their JSON, and start playing. Plotly is the copy Gradio's own plots load (the token tree's plot is
+# there from the start).
+ANIMATION_JS = """
+const draw = (tries = 0) => {
+  const div = element.querySelector('.anim-plot');
+  if (!props.value || !div) return;
+  if (!window.Plotly) {
+    if (tries < 50) setTimeout(() => draw(tries + 1), 200);
+    return;
+  }
+  const fig = JSON.parse(props.value);
+  const play = fig.layout.updatemenus?.[0]?.buttons?.[0]?.args;   // the Play button's: start at its speed
+  window.Plotly.newPlot(div, {data: fig.data, layout: fig.layout, frames: fig.frames || [],
+                              config: {displaylogo: false, responsive: true}})
+    .then(() => play && window.Plotly.animate(div, ...play));
+};
+watch('value', () => draw());
+draw();
 """
 
 
@@ -164,6 +186,15 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
                     with gr.Tab(TREE_TAB):
                         comps["tree"] = gr.Plot(figures.message_figure("Run a prompt or upload a trace to see its "
                                                                        "steps."), show_label=False, elem_id="tree-plot")
+                        # Drawn only on a click, for the selected step: streaming stays as fast as before.
+                        with gr.Accordion("Animate: this step being built, or the whole run", open=False):
+                            with gr.Row():
+                                comps["anim_speed"] = gr.Dropdown([(f"{x:g}×", x) for x in SPEEDS], value=1.0,
+                                                                  label="Speed", min_width=100, elem_id="anim-speed")
+                                comps["anim_btn"] = gr.Button("Animate step", elem_id="animate-btn")
+                                comps["autoplay_btn"] = gr.Button("Autoplay run", elem_id="autoplay-btn")
+                            comps["animation"] = gr.HTML("", html_template='<div class="anim-plot"></div>',
+                                                         js_on_load=ANIMATION_JS, elem_id="animation-plot")
                     with gr.Tab(PRUNING_TAB):
                         comps["table"] = gr.Dataframe(headers=list(COLUMNS), label="Best candidates per draft row",
                                                       interactive=False, wrap=True, max_height=440,
@@ -229,6 +260,11 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
                            **hidden)
         c["export_btn"].click(_bind(cb.export_html, ["export", "message"]), [c["state"]],
                               [c["export"], c["message"]], api_name="export_html")
+        anim_names = ["animation", "message"]
+        c["anim_btn"].click(_bind(_as_json(cb.animate_step), anim_names), [*view_in[:3], c["anim_speed"]],
+                            [c[k] for k in anim_names], api_name="animate_step")
+        c["autoplay_btn"].click(_bind(_as_json(cb.autoplay_run), anim_names), [c["state"], c["lane"], c["anim_speed"]],
+                                [c[k] for k in anim_names], api_name="autoplay_run")
         wi_names = ["wi_tree", "wi_info", "message"]
         c["wi_btn"].click(_bind(cb.what_if, wi_names), [*view_in[:3], *(c[f"wi_{k}"] for k in WHATIF_KNOBS)],
                           [c[k] for k in wi_names], concurrency_limit=1, concurrency_id=MODEL_EVENTS,
@@ -255,6 +291,15 @@ def show_tour(seen) -> dict:
 def dismiss_tour() -> tuple:
     """Got it: remembered in the browser, so the tour stays hidden on the next visits."""
     return True, gr.update(visible=False)
+
+
+def _as_json(fn):
+    """A callback whose "animation" figure goes to the page as JSON (see ANIMATION_JS)."""
+    @functools.wraps(fn)
+    def call(*args):
+        out = fn(*args)
+        return {**out, "animation": out["animation"].to_json()}
+    return call
 
 
 def _move(cb: Callbacks, delta: int, session, key, index, show_pruned):

@@ -18,6 +18,7 @@ from dart_core.acceptance import SamplingConfig
 from dart_core.trace import Trace
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
+from dart_core.views.animation import FRAME_MS
 from tests.app_fixtures import hand_ngram, hand_trace, tiny_engine, tiny_traces
 
 DEFAULTS = dict(use_pld=False, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=12, seed=0, node_budget=12,
@@ -294,6 +295,31 @@ def test_what_if_callback_without_model(tmp_path):
         cb.what_if(session, "dart", 1, -3, 2, 3, 0.5, 0.7, 0.9)
     with pytest.warns(UserWarning, match="Run a prompt"):
         cb.what_if(Session(), "dart", 1, 5, 2, 3, 0.5, 0.7, 0.9)
+
+
+def test_animate_and_autoplay_callbacks(tmp_path):
+    cb = Callbacks(Engine(), tmp_path)
+    session = Session()
+    for out in (cb.animate_step(session, "dart", 1, 1.0), cb.autoplay_run(None, "dart", 2.0)):   # no run yet
+        assert not out["animation"].frames and "no run to animate" in out["animation"].layout.annotations[0].text
+    session.new_run([replay_lane(hand_trace())])
+    fig = cb.animate_step(session, "dart", 1, 2.0)["animation"]
+    assert [f.name for f in fig.frames][0] == "rows" and fig.frames[-1].name == "accepted"
+    assert fig.layout.updatemenus[0].buttons[0].args[1]["frame"]["duration"] == FRAME_MS // 2
+    assert cb.animate_step(session, "dart", 99, "fast")["animation"].frames[-1].name == "accepted"  # clamped, 1x
+    assert len(cb.animate_step(session, "dart", 0, 1.0)["animation"].frames) == 1                   # the prefill
+    assert len(cb.autoplay_run(session, "dart", 0.5)["animation"].frames) == 2
+
+
+def test_the_animation_buttons_send_the_figure_with_its_frames(tmp_path):
+    from app.ui import build_app
+    fns = {f.api_name: f for f in build_app(Engine.replay_only(None), trace_dir=tmp_path).fns.values()}
+    session = Session()
+    session.new_run([replay_lane(hand_trace())])
+    for name, args in (("animate_step", ("dart", 1, 1.0)), ("autoplay_run", ("dart", 1.0))):
+        out = fns[name].fn(session, *args)
+        value = next(v for k, v in out.items() if getattr(k, "elem_id", None) == "animation-plot")
+        assert json.loads(value)["frames"]   # gr.Plot would drop them: the page draws this JSON itself
 
 
 def test_what_if_verified_by_the_model_matches_the_greedy_replay(cb):
