@@ -29,6 +29,7 @@ class Page(HTMLParser):
         self.pre: list[str] = []             # the text of each <pre class="lane-text">
         self.stories: dict[str, int] = {}    # step id -> stories in it
         self.trees: dict[str, dict] = {}     # tree id -> its figure
+        self.autoplays: dict[str, dict] = {}  # autoplay id -> its animated figure
         self.scripts: list[str] = []         # inline scripts
         self.steps: list[str] = []
         self._in, self._step, self._json = None, None, None
@@ -56,6 +57,8 @@ class Page(HTMLParser):
         if tag in ("pre", "script"):
             if tag == "script" and self._json and self._json.startswith("tree-"):
                 self.trees[self._json] = json.loads(self.scripts.pop())
+            elif tag == "script" and self._json and self._json.startswith("autoplay-"):
+                self.autoplays[self._json] = json.loads(self.scripts.pop())
             self._in = self._json = None
         if tag == "details":
             self._step = None
@@ -97,6 +100,16 @@ def test_the_report_holds_the_whole_run(traces, report):
     for title in ("Accepted draft tokens per step", "Acceptance per draft position", "Why tokens were missed"):
         assert any(title in s for s in drawn), title
     assert 'class="budget-effects"' in report and 'class="miss-reasons"' in report
+
+
+def test_the_report_autoplays_each_drafting_lane(traces, report):
+    page = Page(report)
+    assert set(page.autoplays) == {"autoplay-dart", "autoplay-pld"}     # plain decoding drafts nothing to play
+    for key, fig in page.autoplays.items():
+        trace = traces[key.split("-")[1]]
+        assert [f["name"] for f in fig["frames"]] == [f"step {i}" for i in range(len(trace.steps))]
+        assert fig["layout"]["updatemenus"][0]["buttons"][0]["label"] == "▶ Play"
+    assert "frames: fig.frames" in report     # opening it draws the figure with its frames
 
 
 def test_the_report_is_self_contained(report):

@@ -22,12 +22,14 @@ from dart_core.metrics import Metrics
 from dart_core.trace import Trace
 
 from . import figures
+from .animation import run_animation
 from .story import story_html
 from .text_render import LEGEND_HTML, lane_html, lane_text_html, token_text
 
 LANE_ORDER = (VANILLA, DART, PLD)
 CONFIG = {"displaylogo": False, "responsive": True}
-# Opening a step draws its tree from the JSON beside it, once; every figure shares the one template below.
+# Opening a step (or a run's autoplay) draws its figure from the JSON beside it, once, frames and all (an animation
+# then plays); every figure shares the one template below.
 SCRIPT = """
 const TEMPLATE = JSON.parse(document.getElementById('plotly-template').textContent);
 document.addEventListener('toggle', (e) => {
@@ -36,7 +38,9 @@ document.addEventListener('toggle', (e) => {
   step.dataset.drawn = '1';
   const fig = JSON.parse(document.getElementById(step.dataset.tree).textContent);
   fig.layout.template = TEMPLATE;
-  Plotly.newPlot(step.querySelector('.tree'), fig.data, fig.layout, CONFIG);
+  const div = step.querySelector('.tree'), play = fig.layout.updatemenus?.[0]?.buttons?.[0]?.args;
+  Plotly.newPlot(div, {data: fig.data, layout: fig.layout, frames: fig.frames || [], config: CONFIG})
+    .then(() => play && Plotly.animate(div, ...play));   // an animation starts playing as it opens
 }, true);  // toggle does not bubble: listen while it is captured
 """
 CSS = """
@@ -93,6 +97,7 @@ def report_html(traces: list[Trace], title: str | None = None) -> str:
         body += ["<h2>Why tokens were missed</h2>", _forensics(lanes[DART])]
     for key, trace in lanes.items():
         body += [f"<h2>Steps: {html.escape(_lane_title(key, trace))}</h2>",
+                 *([_autoplay(key, trace)] if key != VANILLA else []),   # plain decoding drafts nothing to play
                  '<p class="meta">Open a step for its story and its token tree.</p>', _steps(key, trace)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title><style>{CSS}</style>"
@@ -181,6 +186,20 @@ def _forensics(trace: Trace) -> str:
     return "\n".join(parts)
 
 
+def _embedded(fig, fig_id: str) -> str:
+    """A figure drawn when its <details> opens: a place for it and its JSON (see SCRIPT)."""
+    data = json.loads(fig.to_json())
+    data["layout"].pop("template", None)    # one shared copy (TEMPLATE in the script)
+    return f'<div class="tree"></div><script type="application/json" id="{fig_id}">{_json(data)}</script>'
+
+
+def _autoplay(key: str, trace: Trace) -> str:
+    """The run played step by step, each frame a step's tree with its accepted path (dart_core.views.animation)."""
+    fig_id = f"autoplay-{key}"
+    return (f'<details class="autoplay" data-tree="{fig_id}"><summary>Autoplay: the run step by step</summary>'
+            f"{_embedded(run_animation(trace), fig_id)}</details>")
+
+
 def _steps(key: str, trace: Trace) -> str:
     """One <details> per step: a summary line, the story, and (for a step with a draft tree) the tree's JSON."""
     out = []
@@ -194,12 +213,7 @@ def _steps(key: str, trace: Trace) -> str:
         # Plain decoding's trees are a root and one token: only steps that drafted (and every DART step) get one.
         has_tree = step.tree is not None and (trace.uses_tree_search or len(step.tree) > 1)
         tree_id = f"tree-{key}-{i}"
-        tree = ""
-        if has_tree:
-            fig = json.loads(figures.tree_figure(trace, i).to_json())
-            fig["layout"].pop("template", None)    # one shared copy (TEMPLATE in the script)
-            tree = (f'<div class="tree"></div>'
-                    f'<script type="application/json" id="{tree_id}">{_json(fig)}</script>')
+        tree = _embedded(figures.tree_figure(trace, i), tree_id) if has_tree else ""
         attr = f' data-tree="{tree_id}"' if has_tree else ""
         out.append(f'<details class="step" id="step-{key}-{i}"{attr}><summary>{line}</summary>'
                    f"{story_html(trace, i)}{tree}</details>")
