@@ -127,3 +127,19 @@ def tiny_engine(ngram: bool = True):
 def tiny_ngram() -> NGramModel:
     target, _ = _tiny()
     return NGramModel.build([list(range(3, 90)), [5, 6, 7, 8, 9] * 4], vocab_size=target.vocab_size, order=3)
+
+
+def big_search_trace() -> Trace:
+    """One step searched at the default knobs over random rows: about 2,000 candidates, 60 kept."""
+    rng = np.random.default_rng(1)
+    R, k, vocab = 5, 25, 400
+    probs = np.sort(rng.dirichlet(np.full(k, 0.3), size=R), axis=1)[:, ::-1]
+    tokens = np.stack([rng.choice(vocab, k, replace=False) for _ in range(R)])
+    ngram = NGramModel.build([rng.integers(0, vocab, 3000).tolist()], vocab_size=vocab, order=3)
+    result = search(tokens, probs, [1, 2, 3], SearchConfig(), ngram)
+    tree = result.tree
+    path = [0, tree.children(0)[0]]
+    step = StepRecord(index=1, kind="verify", context_len=3, new_tokens=[tree.tokens[path[1]], 7], accepted=1,
+                      tree=tree, path=path, rows_tokens=tokens, rows_probs=probs, candidates=result.candidates)
+    prefill = StepRecord(index=0, kind="prefill", context_len=0, new_tokens=[3])
+    return Trace("dart", [1, 2], [prefill, step])

@@ -4,43 +4,20 @@ player's controls, and the one-frame figures of steps with nothing to animate.""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from dart_core.ngram import NGramModel
-from dart_core.trace import StepRecord, Trace
-from dart_core.tree_search import EXPANDED, SearchConfig, search
+from dart_core.trace import Trace
+from dart_core.tree_search import EXPANDED
 from dart_core.views import animation
 from dart_core.views.animation import (DRAFT, EXTENDED, FRAME_MS, GUESS, NOT_EXTENDED, PER_LEVEL, RING, STYLES,
                                        run_animation, step_animation)
 from dart_core.views.figures import ACCEPTED, BONUS, COLORS, REJECTED, ROOT
 from dart_core.views.text_render import token_label, token_text
-from tests.app_fixtures import hand_trace, tiny_traces
 
 
-@pytest.fixture(scope="module")
-def hand():
-    return hand_trace()
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_traces()
 
 
-@pytest.fixture(scope="module")
-def big():
-    """One step searched at the default knobs over random rows: about 2,000 candidates, 60 kept."""
-    rng = np.random.default_rng(1)
-    R, k, vocab = 5, 25, 400
-    probs = np.sort(rng.dirichlet(np.full(k, 0.3), size=R), axis=1)[:, ::-1]
-    tokens = np.stack([rng.choice(vocab, k, replace=False) for _ in range(R)])
-    ngram = NGramModel.build([rng.integers(0, vocab, 3000).tolist()], vocab_size=vocab, order=3)
-    result = search(tokens, probs, [1, 2, 3], SearchConfig(), ngram)
-    tree = result.tree
-    path = [0, tree.children(0)[0]]
-    step = StepRecord(index=1, kind="verify", context_len=3, new_tokens=[tree.tokens[path[1]], 7], accepted=1,
-                      tree=tree, path=path, rows_tokens=tokens, rows_probs=probs, candidates=result.candidates)
-    return Trace("dart", [1, 2], [StepRecord(index=0, kind="prefill", context_len=0, new_tokens=[3]), step])
 
 
 def frame(fig, name):

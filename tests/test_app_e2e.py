@@ -1,8 +1,9 @@
 """End to end in a real headless browser: Debian's chromium driven by selenium (no browser download).
 
 Starts `python app.py` (default model, random draft head) on a free port, types a prompt, runs it, waits for both
-lanes, checks that the tree is drawn and that the step selector (prev, slider, token click) changes it, exports the
-run as HTML and opens that file from disk, and replays an uploaded trace. Skips, saying why, only when chromium, chromedriver or selenium is missing (.ci/run installs them).
+lanes, checks that the tree is drawn and that the step selector (prev, slider, token click) changes it, plays a
+step's animation frame by frame, exports the run as HTML and opens that file from disk, and replays an uploaded
+trace. Skips, saying why, only when chromium, chromedriver or selenium is missing (.ci/run installs them).
 """
 
 from __future__ import annotations
@@ -72,6 +73,25 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
             drv.find_element(By.CSS_SELECTOR, "#show-pruned input").click()
             wait_for(drv, lambda d: tree_points(d) > before, 30, "the pruned candidates")
             drv.save_screenshot(str(tmp_path / "explore.png"))
+
+            # Animate: the selected step is drawn with its frames, which play in the browser one by one.
+            open_accordion(drv, "Animate")
+            drv.find_element(By.CSS_SELECTOR, "#animate-btn").click()
+            wait_for(drv, lambda d: d.execute_script(
+                "const g = document.querySelector('#animation-plot .anim-plot');"
+                "return g && g._transitionData && g._transitionData._frames.length > 2"), 60, "the step's animation")
+            drv.execute_script(
+                "const g = document.querySelector('#animation-plot .anim-plot'); window.__played = [];"
+                "g.on('plotly_animatingframe', e => window.__played.push(e.name));"
+                "window.Plotly.animate(g, null, {frame: {duration: 50, redraw: true}, transition: {duration: 0},"
+                " mode: 'immediate'});")
+            names = drv.execute_script(
+                "return document.querySelector('#animation-plot .anim-plot')._transitionData._frames.map(f => f.name)")
+            wait_for(drv, lambda d: d.execute_script("return window.__played.length") >= len(names), 30,
+                     "every frame of the animation played")
+            assert drv.execute_script("return window.__played") == names
+            assert names[0] == "rows" and names[-1] == "accepted"
+            drv.save_screenshot(str(tmp_path / "animation.png"))
 
             # Export: the run as one HTML file, which opens from disk with no server and draws a step's tree.
             open_accordion(drv, "Traces")

@@ -21,8 +21,8 @@ from dart_core.forensics import BEAM, BUDGET, NGRAM, NOT_IN_TOPK, REASON_TEXT, r
 from dart_core.glossary import GLOSSARY
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer
-from dart_core.trace import RunSettings, StepRecord, Trace
-from dart_core.tree_search import KEPT, NODE_BUDGET, Candidates, SearchConfig, search
+from dart_core.trace import RunSettings
+from dart_core.tree_search import KEPT, NODE_BUDGET, Candidates
 from dart_core.views import figures
 from dart_core.views.figures import BONUS, NAMES, PRUNED, PRUNED_MORE, ROW_PX
 from dart_core.views.pruned_groups import ROOT, pruned_groups
@@ -76,21 +76,6 @@ def test_grouping_under_a_cap_collapses_to_the_depths():
     assert pruned_groups(c, per_parent=1, max_shown=100).shown == [2, 7, 12, 13]
 
 
-@pytest.fixture(scope="module")
-def big():
-    """One step searched at the default knobs over random rows: about 2,000 candidates, 60 kept."""
-    rng = np.random.default_rng(1)
-    R, k, vocab = 5, 25, 400
-    probs = np.sort(rng.dirichlet(np.full(k, 0.3), size=R), axis=1)[:, ::-1]
-    tokens = np.stack([rng.choice(vocab, k, replace=False) for _ in range(R)])
-    ngram = NGramModel.build([rng.integers(0, vocab, 3000).tolist()], vocab_size=vocab, order=3)
-    result = search(tokens, probs, [1, 2, 3], SearchConfig(), ngram)
-    tree = result.tree
-    path = [0, tree.children(0)[0]]
-    step = StepRecord(index=1, kind="verify", context_len=3, new_tokens=[tree.tokens[path[1]], 7], accepted=1,
-                      tree=tree, path=path, rows_tokens=tokens, rows_probs=probs, candidates=result.candidates)
-    prefill = StepRecord(index=0, kind="prefill", context_len=0, new_tokens=[3])
-    return Trace("dart", [1, 2], [prefill, step])
 
 
 def node_positions(fig) -> dict[str, tuple[float, float, str, str]]:

@@ -13,17 +13,11 @@ from dart_core.views import figures
 from dart_core.views.figures import ACCEPTED, BONUS, COLORS, NAMES, PRUNED, REJECTED, ROOT
 from dart_core.views.pruning import COLUMNS, fate_counts, pruning_table
 from dart_core.views.text_render import DRAFT, TARGET, lane_text_html, token_label, token_origins
-from tests.app_fixtures import hand_trace, tiny_traces
+from tests.app_fixtures import hand_trace
 
 
-@pytest.fixture(scope="module")
-def hand():
-    return hand_trace()
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_traces()
 
 
 def node_traces(fig):
