@@ -223,7 +223,8 @@ def test_stdlib_functions_become_humaneval_style_sequences(tmp_path):
                       "def area(self, scale=1):\n    w = self.w * scale\n    return w * self.h")]
 
     class CharTokenizer:  # one id per character; the chat template as SmolLM2's
-        def apply_chat_template(self, turns, add_generation_prompt, tokenize, return_dict):
+        # extra keywords are template variables (enable_thinking), as transformers' tokenizers take them
+        def apply_chat_template(self, turns, add_generation_prompt, tokenize, return_dict, **template_vars):
             text = "".join(f"<{t['role']}>{t['content']}<end>" for t in turns)
             return [ord(c) for c in text + ("<assistant>" if add_generation_prompt else "")]
 
