@@ -310,20 +310,8 @@ class DraftHead(nn.Module):
     @classmethod
     def load(cls, directory, device="cpu", dtype=torch.float32) -> "DraftHead":
         d = Path(directory)
-        if not (d / CONFIG_FILE).is_file():
-            raise DraftHeadError(f"no {CONFIG_FILE} in {d}: not a draft head folder")
-        if not (d / WEIGHTS_FILE).is_file():
-            raise DraftHeadError(f"no {WEIGHTS_FILE} in {d}")
-        try:
-            data = json.loads((d / CONFIG_FILE).read_text())
-        except json.JSONDecodeError as exc:
-            raise DraftHeadError(f"{d / CONFIG_FILE} is not valid JSON: {exc}") from None
-        config = DraftConfig.from_dict(data)
-        try:
-            state = load_file(str(d / WEIGHTS_FILE))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise DraftHeadError(f"{d / WEIGHTS_FILE} is corrupt or truncated: {exc}") from None
-        return cls.from_state(config, state, d / WEIGHTS_FILE).to(device=device, dtype=dtype)
+        config = DraftConfig.from_dict(read_config(d))
+        return cls.from_state(config, read_weights(d), d / WEIGHTS_FILE).to(device=device, dtype=dtype)
 
     @classmethod
     def from_state(cls, config: DraftConfig, state: dict, where, file_key=lambda key: key) -> "DraftHead":
@@ -344,3 +332,28 @@ class DraftHead(nn.Module):
                                      f"the config needs {tuple(tensor.shape)}")
         head.load_state_dict(state, strict=True)
         return head.eval()
+
+
+def read_config(directory) -> dict:
+    """A head folder's config.json as a dict, in either format (ours or the DART authors')."""
+    d = Path(directory)
+    if not (d / CONFIG_FILE).is_file():
+        raise DraftHeadError(f"no {CONFIG_FILE} in {d}: not a draft head folder")
+    try:
+        data = json.loads((d / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as exc:
+        raise DraftHeadError(f"{d / CONFIG_FILE} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DraftHeadError(f"{d / CONFIG_FILE} is not a JSON object")
+    return data
+
+
+def read_weights(directory) -> dict[str, torch.Tensor]:
+    """A head folder's model.safetensors, as the file names its tensors."""
+    path = Path(directory) / WEIGHTS_FILE
+    if not path.is_file():
+        raise DraftHeadError(f"no {WEIGHTS_FILE} in {Path(directory)}")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise DraftHeadError(f"{path} is corrupt or truncated: {exc}") from None

@@ -11,14 +11,12 @@ things differ, and are translated here so their weights compute what their code 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
-from .draft_head import CONFIG_FILE, FORMAT, WEIGHTS_FILE, DraftConfig, DraftHead, DraftHeadError
+from .draft_head import (CONFIG_FILE, FORMAT, WEIGHTS_FILE, DraftConfig, DraftHead, DraftHeadError, read_config,
+                         read_weights)
 
 AUTHORS = "the DART authors' format"
 
@@ -45,10 +43,28 @@ NOT_READ = ("embed_tokens.weight", "t2d")  # in their files or not: the embeddin
 
 def head_format(folder) -> str:
     """FORMAT or AUTHORS, from the folder's config.json; a DraftHeadError naming what is missing otherwise."""
+    return _format_of(read_config(_folder(folder)), Path(folder))
+
+
+def load_head(folder, device="cpu", dtype=torch.float32) -> DraftHead:
+    """A head folder in either format (its config read once)."""
+    d = _folder(folder)
+    data = read_config(d)
+    if _format_of(data, d) == FORMAT:
+        head = DraftHead.from_state(DraftConfig.from_dict(data), read_weights(d), d / WEIGHTS_FILE)
+    else:
+        head = _authors_head(data, d)
+    return head.to(device=device, dtype=dtype)
+
+
+def _folder(folder) -> Path:
     d = Path(folder)
     if not d.is_dir():
         raise DraftHeadError(f"{d} is not a folder: --draft takes a head folder (or 'default', 'random')")
-    data = _read_config(d)
+    return d
+
+
+def _format_of(data: dict, d: Path) -> str:
     if data.get("format") == FORMAT:
         return FORMAT
     if "draft_length" in data:
@@ -58,13 +74,6 @@ def head_format(folder) -> str:
                              f"and {AUTHORS}")
     raise DraftHeadError(f"{d} is not a draft head folder: its {CONFIG_FILE} has neither 'format': {FORMAT!r} "
                          f"(DART Lab) nor 'draft_length' ({AUTHORS})")
-
-
-def load_head(folder, device="cpu", dtype=torch.float32) -> DraftHead:
-    """A head folder in either format."""
-    if head_format(folder) == FORMAT:
-        return DraftHead.load(folder, device=device, dtype=dtype)
-    return load_authors_head(folder, device=device, dtype=dtype)
 
 
 def authors_config(data: dict, where) -> DraftConfig:
@@ -95,22 +104,16 @@ def authors_config(data: dict, where) -> DraftConfig:
         double_norm=True, extra={"source_format": AUTHORS}).validate()
 
 
-def load_authors_head(folder, device="cpu", dtype=torch.float32) -> DraftHead:
-    d = Path(folder)
-    config = authors_config(_read_config(d), d / CONFIG_FILE)
+def _authors_head(data: dict, d: Path) -> DraftHead:
+    """A head from the authors' config.json `data` and the weights in folder `d`, with their key names."""
+    config = authors_config(data, d / CONFIG_FILE)
     weights = d / WEIGHTS_FILE
-    if not weights.is_file():
-        raise DraftHeadError(f"no {WEIGHTS_FILE} in {d}")
-    try:
-        raw = load_file(str(weights))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise DraftHeadError(f"{weights} is corrupt or truncated: {exc}") from None
+    raw = read_weights(d)
     theirs = {v: k for k, v in AUTHORS_KEYS.items()}
     state = {theirs.get(key, key): tensor for key, tensor in raw.items() if key not in NOT_READ}
     if "d2t" in state:
         state["d2t"] = _target_ids(state["d2t"], config, weights)
-    head = DraftHead.from_state(config, state, weights, file_key=lambda key: AUTHORS_KEYS.get(key, key))
-    return head.to(device=device, dtype=dtype)
+    return DraftHead.from_state(config, state, weights, file_key=lambda key: AUTHORS_KEYS.get(key, key))
 
 
 def _target_ids(offsets: torch.Tensor, config: DraftConfig, where) -> torch.Tensor:
@@ -121,15 +124,3 @@ def _target_ids(offsets: torch.Tensor, config: DraftConfig, where) -> torch.Tens
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size):
         raise DraftHeadError(f"{where}: d2t maps draft ids outside the target vocabulary of {config.vocab_size}")
     return ids
-
-
-def _read_config(d: Path) -> dict:
-    if not (d / CONFIG_FILE).is_file():
-        raise DraftHeadError(f"no {CONFIG_FILE} in {d}: not a draft head folder")
-    try:
-        data = json.loads((d / CONFIG_FILE).read_text())
-    except json.JSONDecodeError as exc:
-        raise DraftHeadError(f"{d / CONFIG_FILE} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise DraftHeadError(f"{d / CONFIG_FILE} is not a JSON object")
-    return data
