@@ -7,6 +7,11 @@ things differ, and are translated here so their weights compute what their code 
 - the final norm is applied twice (`norm` before returning, then again in `compute_logits`): `double_norm`;
 - `d2t` holds offsets (target id = draft id + d2t[draft id]); ours holds the target ids themselves;
 - the embedding is the target's and is not read from the file (nor is `t2d`, unused at inference).
+
+Their config is a `PretrainedConfig` with Llama's defaults (`dart_configs.DartConfig`): a field that is absent takes
+the default below, as it does for them; `draft_length` and `draft_vocab_size` have none and are required. Their
+weights are loaded with `strict=False`, so a file without `d2t` keeps the all-zero buffer: offsets 0, the identity
+map; we do the same. Any other missing weight would stay randomly initialised for them; we refuse the file instead.
 """
 
 from __future__ import annotations
@@ -76,20 +81,26 @@ def _format_of(data: dict, d: Path) -> str:
                          f"(DART Lab) nor 'draft_length' ({AUTHORS})")
 
 
+# their DartConfig's defaults for the fields our head uses (rope_theta: their attention's getattr default)
+AUTHORS_DEFAULTS = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+                    "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+AUTHORS_REQUIRED = ("draft_length", "draft_vocab_size")   # read with no default by their model
+
+
 def authors_config(data: dict, where) -> DraftConfig:
     """Our DraftConfig for the authors' config.json `data`."""
-    required = ["hidden_size", "vocab_size", "num_attention_heads", "intermediate_size", "draft_length",
-                "draft_vocab_size"]
-    missing = [k for k in required if data.get(k) is None]
+    missing = [k for k in AUTHORS_REQUIRED if data.get(k) is None]
     if missing:
         raise DraftHeadError(f"{where} lacks {', '.join(missing)} ({AUTHORS})")
+    # a null counts as absent (for them a null here would fail; the default is the only sensible reading)
+    data = {**AUTHORS_DEFAULTS, **{k: v for k, v in data.items() if v is not None}}
     hidden, heads = int(data["hidden_size"]), int(data["num_attention_heads"])
     target_hidden = data.get("target_hidden_size")
     if target_hidden is not None and int(target_hidden) != hidden:
         # Their embedding (the target's, width H_target) feeds a norm of width H: the two must agree.
         raise DraftHeadError(f"{where}: target_hidden_size {target_hidden} differs from hidden_size {hidden}; "
                              "the head reads the target's embedding, so they must be equal")
-    if data.get("hidden_act", "silu") != "silu":
+    if data["hidden_act"] != "silu":
         raise DraftHeadError(f"{where}: hidden_act {data['hidden_act']!r} is not supported (only 'silu')")
     scaling = data.get("rope_scaling")
     if scaling and (scaling.get("rope_type") or scaling.get("type")) not in (None, "default"):
@@ -100,7 +111,7 @@ def authors_config(data: dict, where) -> DraftConfig:
         num_kv_heads=int(data.get("num_key_value_heads") or heads),
         head_dim=int(data.get("head_dim") or hidden // heads), intermediate_size=int(data["intermediate_size"]),
         n_mask=int(data["draft_length"]), draft_vocab_size=int(data["draft_vocab_size"]), tie_output=False,
-        rope_theta=float(data.get("rope_theta", 10000.0)), rms_eps=float(data.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(data["rope_theta"]), rms_eps=float(data["rms_norm_eps"]),
         double_norm=True, extra={"source_format": AUTHORS}).validate()
 
 
@@ -111,8 +122,9 @@ def _authors_head(data: dict, d: Path) -> DraftHead:
     raw = read_weights(d)
     theirs = {v: k for k, v in AUTHORS_KEYS.items()}
     state = {theirs.get(key, key): tensor for key, tensor in raw.items() if key not in NOT_READ}
-    if "d2t" in state:
-        state["d2t"] = _target_ids(state["d2t"], config, weights)
+    # absent: their buffer stays zeros (loaded with strict=False), i.e. draft id i is target id i
+    offsets = state.get("d2t", torch.zeros(config.out_vocab, dtype=torch.long))
+    state["d2t"] = _target_ids(offsets, config, weights)
     return DraftHead.from_state(config, state, weights, file_key=lambda key: AUTHORS_KEYS.get(key, key))
 
 

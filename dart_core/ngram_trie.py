@@ -4,6 +4,14 @@ The file, native little-endian: a header `u64 order, u64 node_count`, then every
 root): `i32 token, u64 parent, i32 freq, u64 n_children` followed by n_children pairs `(i32 child_token, u64 child_id)`.
 A node's freq is the count of the k-gram on its path from the root (the root's: the number of tokens), so each
 non-root node becomes one key of `NGramModel` with its freq as the count, and both give the same probabilities.
+(Their `reduce(threshold)` lowers the freqs of kept nodes by what it pruned below them, and leaves the root's at
+0 minus all it pruned, i.e. negative; the freqs are still what their query divides, so they are read as they are.
+The root's freq is never read: their query always walks at least one context token, and it can wrap in int32.)
+
+Their writer numbers the nodes in creation order (first occurrence while counting; `add_all` and `reduce` append
+depth-first) and lists each node's children in hash-map order; nothing here assumes more than that node 0 is the
+root. Our writer numbers them breadth-first, children in token order, and writes the root's token as 0, as theirs
+leaves it.
 
 Every field is a multiple of 4 bytes from the start of the file, so the file is read as 32-bit words, a few MB at a
 time; only compact per-node arrays are kept, and the keys are built level by level from the child lists.
@@ -25,7 +33,7 @@ PAIR_WORDS = 3            # i32 child_token, u64 child_id
 CHUNK_BYTES = 4 << 20     # read a few MB at a time
 WRITE_NODES = 1 << 16     # nodes per written block
 CHECK_NODES = 1 << 18     # nodes per block of the child-list checks and of the key building
-ROOT_TOKEN = -1           # the root has no token; written as -1, ignored when read
+ROOT_TOKEN = 0            # the root has no token; their writer leaves it 0, ours writes 0; ignored when read
 
 
 def _excl_cumsum(a: np.ndarray) -> np.ndarray:
@@ -136,6 +144,8 @@ def _parse(fh, size: int, path, vocab_size: int | None, progress: bool):
             nc = w[off + 4]
             n_children[sl] = nc
             bad = np.flatnonzero(freq[sl] < 0)
+            if node == 0:      # the root's freq is never used (and their reduce leaves it negative)
+                bad = bad[bad > 0]
             if bad.size:
                 i = node + int(bad[0])
                 raise NGramError(f"{path}: node {i} has a negative freq ({int(freq[i])})")
@@ -287,9 +297,8 @@ def write_trie(model: NGramModel, path, progress: bool = False) -> None:
     for k, c in enumerate(model.counts):
         if c.size and (int(c.max()) > np.iinfo(np.int32).max or int(c.min()) < 0):
             raise NGramError(f"a {k + 1}-gram count does not fit the trie's 32-bit freq")
-    root_freq = int(model.counts[0].sum())
-    if root_freq > np.iinfo(np.int32).max:
-        raise NGramError(f"{root_freq} tokens do not fit the trie's 32-bit root freq")
+    # the number of tokens; never read by either query, so a total past 2**31 wraps as their int32 counter would
+    root_freq = (int(model.counts[0].sum()) + 2**31) % 2**32 - 2**31
     total_bytes = _trie_bytes(int(first_id[-1]))
     with open(path, "wb") as fh, _Progress(total_bytes, "writing trie", progress) as bar:
         fh.write(np.asarray([model.order, first_id[-1]], dtype="<u8").tobytes())

@@ -1,5 +1,18 @@
-"""The DART authors' head format, from the outside: a writer of their files and their forward, written from the
-format's description (fvliang/DART `llama3_dart.py`) without any of dart_core's code, so tests can hold ours to it."""
+"""The DART authors' head format, from the outside: a writer of their files and their forward, written from what
+their code does (fvliang/DART `llama3_dart.py`, `dart_configs.py`, `dart_model.py`, `dart_utils.py`) without any of
+dart_core's code, so tests can hold ours to it.
+
+What their code does, as modelled here:
+- config: a PretrainedConfig with Llama defaults for absent fields (eps 1e-6, kv heads = heads, rope_theta 10000 via
+  getattr, head_dim = hidden // heads unless the config has one); draft_length / draft_vocab_size have no default.
+- weights loaded with strict=False: a file without d2t keeps the zero buffer (offsets 0); the embedding is the
+  target's `model.embed_tokens.weight`, whatever the file holds.
+- one call: fc, then cat(input_layernorm(emb), hidden_norm(fc)) padded with K copies of mask_rep (2H), the residual
+  (fc) padded with mask_rep[:H]; positions run on from the cached length through the K slots; causal over all of
+  them, slots included; every key is cached but the cache is cut back to the real positions before the next call;
+  the last K+1 rows go through the MLP, `norm` in forward and `norm` again in compute_logits, then lm_head.
+- features: the inputs of the decoder layers whose index is 2, N//2 or N-3, each layer once, in layer order.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +25,14 @@ from safetensors.torch import save_file
 
 
 def write_authors_head(folder, target, draft_length: int = 3, draft_vocab: int | None = None, seed: int = 0,
-                       with_embedding: bool = False, scale: float = 1.0) -> dict:
+                       with_embedding: bool = False, scale: float = 1.0, kv_heads: int | None = None,
+                       rope_theta: float = 10000.0, rms_norm_eps: float = 1e-6) -> dict:
     """A random head in their layout: a Llama config.json with draft_length / draft_vocab_size and their key names.
     The draft vocabulary is a random subset of the target's, mapped by offsets (target = draft + d2t[draft]).
     Returns {"config": ..., "state": ...} as written."""
     c = target.config
     H, V = int(c.hidden_size), int(c.vocab_size)
-    heads, kv = int(c.num_attention_heads), int(c.num_key_value_heads)
+    heads, kv = int(c.num_attention_heads), int(kv_heads or c.num_key_value_heads)
     hd = int(getattr(c, "head_dim", None) or H // heads)
     inter = 2 * H
     Vd = draft_vocab or V
@@ -54,7 +68,7 @@ def write_authors_head(folder, target, draft_length: int = 3, draft_vocab: int |
     config = {
         "architectures": ["LlamaForCausalLMDart"], "model_type": "llama", "hidden_size": H, "vocab_size": V,
         "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd, "intermediate_size": inter,
-        "num_hidden_layers": 1, "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "num_hidden_layers": 1, "hidden_act": "silu", "rms_norm_eps": rms_norm_eps, "rope_theta": rope_theta,
         "rope_scaling": None, "max_position_embeddings": 2048, "draft_length": draft_length,
         "draft_vocab_size": Vd, "target_hidden_size": H, "torch_dtype": "float32",
     }
@@ -76,10 +90,18 @@ def _rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def their_config(config: dict) -> dict:
+    """The values their model takes from a config.json: the file's, else their config class's defaults."""
+    c = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, **config}
+    c.setdefault("num_key_value_heads", c["num_attention_heads"])
+    c.setdefault("head_dim", c["hidden_size"] // c["num_attention_heads"])
+    return c
+
+
 def their_draft(written: dict, features, embeds, past=None):
     """Their forward for one call: features [S, 3H] (target taps), embeds [S, H]; past: (keys, values) of the
     real positions before, [kv, P, hd] each. Returns (logits [K+1, Vd], target ids [Vd], the new past)."""
-    c, s = written["config"], written["state"]
+    c, s = their_config(written["config"]), written["state"]
     H, K, eps = c["hidden_size"], c["draft_length"], c["rms_norm_eps"]
     heads, kv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     S = features.shape[0]
@@ -115,16 +137,25 @@ def their_draft(written: dict, features, embeds, past=None):
     h = h + mlp @ s["midlayer.mlp.down_proj.weight"].T
     out = _rms(h, s["norm.weight"], eps)                               # forward() returns norm(h) ...
     logits = _rms(out, s["norm.weight"], eps) @ s["lm_head.weight"].T  # ... and compute_logits norms again
-    target_ids = torch.arange(s["d2t"].shape[0]) + s["d2t"]
+    d2t = s.get("d2t", torch.zeros(c["draft_vocab_size"], dtype=torch.long))  # absent: their zero buffer
+    target_ids = torch.arange(d2t.shape[0]) + d2t
     if past is not None:
         new_past = (torch.cat([past[0], new_past[0]], dim=1), torch.cat([past[1], new_past[1]], dim=1))
     return logits, target_ids, new_past
 
 
+def their_tap_layers(n: int) -> list[int]:
+    """The layers whose input they keep: in layer order, each once, those with index 2, n//2 or n-3. Below 7
+    layers two of these coincide and their fc (3H wide) cannot take the result; refused here."""
+    taps = [i for i in range(n) if i in (2, n // 2, n - 3)]
+    if len(taps) != 3:
+        raise ValueError(f"their code keeps {len(taps)} feature taps on a {n}-layer target, its fc needs 3")
+    return taps
+
+
 def their_features(target, ids: list[int]) -> torch.Tensor:
-    """Their taps: the inputs of target layers 2, N//2 and N-3, concatenated in that order; [T, 3H]."""
+    """Their taps: the inputs of target layers 2, N//2 and N-3, concatenated in layer order; [T, 3H]."""
     with torch.inference_mode():
         out = target.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-    n = len(target.layers)
     # hidden_states[i] is the input of layer i (hidden_states[0] the embeddings)
-    return torch.cat([out.hidden_states[i][0] for i in (2, n // 2, n - 3)], dim=-1)
+    return torch.cat([out.hidden_states[i][0] for i in their_tap_layers(len(target.layers))], dim=-1)

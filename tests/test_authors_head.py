@@ -23,7 +23,8 @@ from tests.tiny import plain_greedy_reference, tiny_target
 
 @pytest.fixture(scope="module")
 def qwen3():
-    return tiny_target("qwen3", vocab=96, hidden=64, layers=6, seed=5)
+    # 8 layers: their taps 2, N//2, N-3 are three distinct layers (below 7 their code keeps fewer than its fc takes)
+    return tiny_target("qwen3", vocab=96, hidden=64, layers=8, seed=5)
 
 
 @pytest.fixture
@@ -69,6 +70,44 @@ def test_an_embedding_in_the_file_is_not_read(tmp_path, qwen3):
     for folder in ("a", "b"):
         got = HeadDrafter(load_draft(str(tmp_path / folder), qwen3), qwen3).draft([4, 5, 6, 7], feats)
         assert torch.allclose(got, want, atol=1e-4)
+
+
+def _drafts_like_theirs(folder, written, target, prompt=(4, 5, 6, 9, 30), root=7):
+    feats = their_features(target, list(prompt))
+    embeds = target.embed_tokens(torch.tensor(list(prompt[1:]) + [root]))
+    want, want_ids, _ = their_draft(written, feats, embeds)
+    drafter = HeadDrafter(load_draft(str(folder), target), target)
+    got = drafter.draft(list(prompt) + [root], feats)
+    assert torch.allclose(got, want, atol=1e-4)
+    assert torch.equal(drafter.target_ids(torch.arange(want.shape[1])), want_ids)
+    return drafter.head
+
+
+def test_absent_config_fields_take_their_defaults(tmp_path, qwen3):
+    """Set: the file's values are used (rope_theta, rms_norm_eps, num_key_value_heads, head_dim). Absent: their
+    config class's defaults (10000, 1e-6, the number of heads, hidden // heads), not the target's."""
+    folder = tmp_path / "h"
+    written = write_authors_head(folder, qwen3, kv_heads=4, rope_theta=500000.0, rms_norm_eps=1e-5, seed=6)
+    head = _drafts_like_theirs(folder, written, qwen3)
+    assert (head.config.rope_theta, head.config.rms_eps, head.config.num_kv_heads) == (500000.0, 1e-5, 4)
+    dropped = ("rope_theta", "rms_norm_eps", "num_key_value_heads", "head_dim", "hidden_act", "rope_scaling",
+               "max_position_embeddings", "target_hidden_size", "torch_dtype")
+    _edit_config(folder, **dict.fromkeys(dropped))
+    for key in dropped:
+        written["config"].pop(key)
+    head = _drafts_like_theirs(folder, written, qwen3)
+    assert (head.config.rope_theta, head.config.rms_eps, head.config.num_kv_heads) == (10000.0, 1e-6, 4)
+    assert head.config.head_dim == 64 // 4
+
+
+def test_a_file_without_d2t_maps_draft_ids_to_themselves(tmp_path, qwen3):
+    """Their weights load with strict=False: without d2t the zero buffer stays, offsets 0."""
+    folder = tmp_path / "h"
+    written = write_authors_head(folder, qwen3, draft_vocab=64, seed=8)
+    _edit_weights(folder, drop=["d2t", "t2d"])
+    del written["state"]["d2t"], written["state"]["t2d"]
+    head = _drafts_like_theirs(folder, written, qwen3)
+    assert torch.equal(head.d2t, torch.arange(64))
 
 
 def test_greedy_decoding_with_their_head_is_lossless(qwen3, written):
@@ -127,7 +166,10 @@ def test_bad_folders_are_refused_with_the_reason(tmp_path, qwen3, written):
     with pytest.raises(DraftHeadError, match="lacks draft_vocab_size"):
         _edit_config(folder, draft_vocab_size=None)
         load_head(folder)
-    _edit_config(folder, draft_vocab_size=64)
+    _edit_config(folder, draft_vocab_size=64, hidden_size=None, target_hidden_size=None)
+    with pytest.raises(DraftHeadError, match=r"'midlayer.mask_rep' has shape \(128,\), the config needs \(8192,\)"):
+        load_head(folder)   # absent, hidden_size is their default 4096, which these weights do not have
+    _edit_config(folder, hidden_size=64, target_hidden_size=64)
 
     with pytest.raises(DraftHeadError, match="lacks weight 'midlayer.mlp.up_proj.weight'"):
         _edit_weights(folder, drop=["midlayer.mlp.up_proj.weight"])

@@ -2,7 +2,8 @@
 
 The trie files here come from a writer of this test's own, built from token streams with dicts the way their
 `add_conversation` builds it: for every start s, tokens[s:s+order] is inserted and every node on the path, the root
-included, counts one more."""
+included, counts one more. Their `add_all` (merging part files) and `reduce` (pruning rare nodes) are modelled too:
+node ids in creation order, new nodes appended depth-first, the root's token left 0."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class RefTrie:
 
     def __init__(self, order: int):
         self.order = order
-        self.nodes = [[-1, 0, 0, {}]]
+        self.nodes = [[0, 0, 0, {}]]
 
     def add(self, tokens):
         for s in range(len(tokens)):
@@ -40,8 +41,42 @@ class RefTrie:
                 self.nodes[node][2] += 1
         return self
 
+    def _new_child(self, node, token):
+        self.nodes[node][3][token] = len(self.nodes)
+        self.nodes.append([token, node, 0, {}])
+        return len(self.nodes) - 1
+
+    def merge(self, other: "RefTrie", node=0, theirs=0):
+        """Their add_all: add other's freqs node by node; nodes only other has are appended depth-first."""
+        self.nodes[node][2] += other.nodes[theirs][2]
+        for t, child in other.nodes[theirs][3].items():
+            mine = self.nodes[node][3].get(t)
+            self.merge(other, self._new_child(node, t) if mine is None else mine, child)
+        return self
+
+    def reduce(self, threshold: int) -> "RefTrie":
+        """Their reduce: a new trie keeping the nodes with freq >= threshold (depth-first); each kept node's freq
+        drops by everything pruned at or below its children, and the new root starts at 0, so it ends negative."""
+        out = RefTrie(self.order)
+
+        def walk(node, new):
+            pruned = 0
+            for t, child in self.nodes[node][3].items():
+                if self.nodes[child][2] >= threshold:
+                    kept = out._new_child(new, t)
+                    out.nodes[kept][2] = self.nodes[child][2]
+                    pruned += walk(child, kept)
+                else:
+                    pruned += self.nodes[child][2]
+            out.nodes[new][2] -= pruned
+            return pruned
+
+        walk(0, 0)
+        return out
+
     def prob(self, context, token):
-        """Their query: the longest suffix first; a suffix never seen is skipped; no unigram level."""
+        """Their query: the longest suffix first; a suffix never seen is skipped; no unigram level. A child that
+        exists answers even with freq 0 (reduced tries); over a context of freq 0 their float division gives nan."""
         for length in range(min(self.order - 1, len(context)), 0, -1):
             node = 0
             for t in context[-length:]:
@@ -52,7 +87,8 @@ class RefTrie:
                 continue
             child = self.nodes[node][3].get(token)
             if child is not None:
-                return self.nodes[child][2] / self.nodes[node][2], length
+                num, den = self.nodes[child][2], self.nodes[node][2]
+                return (num / den if den else float("nan")), length
         return 0.0, UNSEEN
 
     def to_bytes(self, shuffle_seed: int | None = None, order: int | None = None) -> bytes:
@@ -120,6 +156,38 @@ def test_shuffled_node_order_reads_the_same(tmp_path):
     assert plain.vocab_size == max(t for s in streams(5) for t in s) + 1   # no vocab given: the largest token + 1
 
 
+def test_merged_part_files_read_as_one_count(tmp_path):
+    """ngram_build.py counts parts in parallel and merges them with add_all: the same counts, other node ids."""
+    data = streams(21, vocab=VOCAB)
+    merged = ref_trie(3, data[:10]).merge(ref_trie(3, data[10:20])).merge(ref_trie(3, data[20:]))
+    model = read_trie(write(tmp_path, merged.to_bytes()), vocab_size=VOCAB)
+    assert same(model, NGramModel.build(data, VOCAB, 3))
+
+
+@pytest.mark.parametrize("order", [3, 4])
+def test_reduced_tries_read_with_their_freqs(tmp_path, order):
+    """A reduced trie (their small files): the root's freq is negative and is not read; every other freq is taken
+    as it is, so the probabilities are their query's. Where a kept node's freq dropped to 0, theirs answers 0 (or
+    nan over a context of freq 0) at that length and stops; ours finds no count there and goes on to shorter
+    contexts, so the matched length (and, from order 4, the probability) may differ; those cases are skipped."""
+    data = streams(30 + order, count=60, vocab=VOCAB)
+    reduced = ref_trie(order, data).reduce(threshold=3)
+    assert reduced.nodes[0][2] < 0
+    model = read_trie(write(tmp_path, reduced.to_bytes(shuffle_seed=order)), vocab_size=VOCAB)
+    rng = random.Random(order)
+    compared = 0
+    for _ in range(400):
+        ctx = [rng.randrange(VOCAB) for _ in range(order - 1)]
+        toks = [rng.randrange(VOCAB) for _ in range(6)]
+        p, matched = model.prob(ctx, toks)
+        for t, pi, mi in zip(toks, p, matched):
+            ep, em = reduced.prob(ctx, t)
+            if ep > 0:
+                assert pi == pytest.approx(ep) and mi == em
+                compared += 1
+    assert compared > 100
+
+
 def test_small_chunks_and_big_records(tmp_path, monkeypatch):
     """A record larger than the read buffer (the root's child list) and many buffer refills."""
     import dart_core.ngram_trie as nt
@@ -159,8 +227,19 @@ def test_written_file_layout(tmp_path):
         nodes.append((tok, parent, freq, kids))
         at += 24 + 12 * nc
     assert at == len(raw)
-    assert nodes == [(-1, 0, 3, [(1, 1), (3, 2)]), (1, 0, 1, [(3, 3)]), (3, 0, 2, [(1, 4)]), (3, 1, 1, []),
+    assert nodes == [(0, 0, 3, [(1, 1), (3, 2)]), (1, 0, 1, [(3, 3)]), (3, 0, 2, [(1, 4)]), (3, 1, 1, []),
                      (1, 2, 1, [])]
+
+
+def test_a_root_freq_past_int32_wraps_as_theirs_would(tmp_path):
+    """The root's freq (the number of tokens) is read by neither query; past 2**31 it is written wrapped, as their
+    int32 counter holds it, and such a file (like one of theirs) still reads."""
+    big = 2**30
+    model = NGramModel(2, 4, [np.asarray([1, 2, 3], np.uint64), np.asarray([(1 << 2) | 2], np.uint64)],
+                       [np.asarray([big, big, big]), np.asarray([big])])
+    write_trie(model, tmp_path / "big.trie")
+    assert struct.unpack_from("<i", (tmp_path / "big.trie").read_bytes(), 16 + 12)[0] == 3 * big - 2**32
+    assert same(read_trie(tmp_path / "big.trie", vocab_size=4), model)
 
 
 def test_empty_table(tmp_path):
@@ -254,7 +333,7 @@ def test_negative_freq_tokens_and_depth(tmp_path):
 
 def test_parent_cycle(tmp_path):
     # root without children; nodes 1 and 2 each other's parent and child: sizes and lists agree, the root is cut off
-    raw = struct.pack("<QQ", 3, 3) + struct.pack("<iQiQ", -1, 0, 2, 0)
+    raw = struct.pack("<QQ", 3, 3) + struct.pack("<iQiQ", 0, 0, 2, 0)
     raw += struct.pack("<iQiQ", 5, 2, 1, 1) + struct.pack("<iQ", 6, 2)
     raw += struct.pack("<iQiQ", 6, 1, 1, 1) + struct.pack("<iQ", 5, 1)
     expect_error(tmp_path, raw, "not reachable from the root")
