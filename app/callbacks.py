@@ -17,7 +17,6 @@ from pathlib import Path
 import gradio as gr
 
 from dart_core.errors import DartError
-from dart_core.forensics import step_miss
 from dart_core.methods import DART, PLD, VANILLA
 from dart_core.trace import Trace, TraceError, check_trace
 from dart_core.views import figures
@@ -130,7 +129,7 @@ class Callbacks:
             bits.append(f"{len(step.tree) - 1 if step.tree else 0} draft nodes, {step.accepted} accepted")
             if step.budget:
                 bits.append(html.escape(budget_text(step.budget)))
-            miss = step_miss(trace, i)
+            miss = figures.step_miss_of(trace, i)
             if miss is not None:
                 bits.append('<span class="miss">missed: ' + html.escape(miss.text(lambda t: token_text(trace, t)))
                             + "</span>")
@@ -157,7 +156,9 @@ class Callbacks:
                 "chart_time": figures.time_split_figure(lane.trace, lane.key) if lane else
                 figures.message_figure("no run yet"),
                 "chart_cost": figures.cost_figure(dart.trace if (dart := session.lanes.get(DART)) else None),
-                "chart_missed": figures.misses_figure(dart.trace if dart else None)}
+                # the search replays (n-gram weight, beam width) wait for the run's end: streaming stays fluid
+                "chart_missed": figures.misses_figure(dart.trace if dart else None, self.engine.ngram,
+                                                      replay=bool(dart and dart.finished))}
 
     def lane_pick(self, session: Session, key: str | None = None) -> dict:
         keys = list(session.lanes)
@@ -212,7 +213,7 @@ class Callbacks:
         lanes = [lane for lane in (session.lanes.values() if session else ()) if lane.trace.steps]
         if not lanes:
             return {"export": None, **warn("Run a prompt or upload a trace first: there is no run to export yet.")}
-        text = report_html(self._finished(lanes))
+        text = report_html(self._finished(lanes), ngram=self.engine.ngram)
         if session.report_folder:  # the previous export: Gradio serves its own copy
             shutil.rmtree(session.report_folder, ignore_errors=True)
         folder = Path(tempfile.mkdtemp(prefix="report-", dir=_ensure(self.trace_dir)))

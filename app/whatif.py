@@ -15,7 +15,6 @@ from dart_core.ngram import NGramModel
 from dart_core.trace import Trace
 from dart_core.tree import TokenTree
 from dart_core.tree_search import Candidates, SearchConfig, search
-from dart_core.views.figures import step_context
 
 VERIFIED, REPLAYED, ESTIMATED = "verified", "replayed", "estimated"
 HOW_TEXT = {VERIFIED: "verified with one target forward",
@@ -65,7 +64,7 @@ def what_if(trace: Trace, index: int, config: SearchConfig, ngram: NGramModel | 
     if config.topk > recorded_k:
         notes.append(f"the trace recorded {recorded_k} candidates per row, so top-k above {recorded_k} "
                      f"acts as {recorded_k}")
-    context = step_context(trace, index)
+    context = trace.context_at(index)
     if ngram is None and config.ngram_weight > 0 and step.candidates is not None \
             and (step.candidates.ngram_match >= 0).any():
         notes.append("the n-gram table used for this trace is not loaded: the search runs without its term")

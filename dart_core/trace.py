@@ -163,6 +163,13 @@ class Trace:
     def output_ids(self) -> list[int]:
         return [t for s in self.steps for t in s.new_tokens]
 
+    def context_at(self, index: int) -> list[int]:
+        """Committed tokens before step `index`, ending with its root (the previous step's last token)."""
+        ctx = list(self.prompt_ids)
+        for s in self.steps[:index]:
+            ctx.extend(s.new_tokens)
+        return ctx
+
     @property
     def uses_tree_search(self) -> bool:
         return self.method in (DART, DART_PLD)

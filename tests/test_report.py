@@ -17,6 +17,7 @@ from app.session import Session
 from dart_core.tools.cli import main
 from dart_core.views.report import ReportError, lane_key, report_html
 from dart_core.views.text_render import token_text
+from dart_core.ngram import NGramModel
 from tests.app_fixtures import TRICKY, hand_trace, tiny_traces
 
 
@@ -99,7 +100,7 @@ def test_the_report_holds_the_whole_run(traces, report):
     drawn = [s for s in page.scripts if "Plotly.newPlot" in s]
     for title in ("Accepted draft tokens per step", "Acceptance per draft position", "Why tokens were missed"):
         assert any(title in s for s in drawn), title
-    assert 'class="budget-effects"' in report and 'class="miss-reasons"' in report
+    assert 'class="knob-effects"' in report and 'class="miss-reasons"' in report
 
 
 def test_the_report_autoplays_each_drafting_lane(traces, report):
@@ -138,6 +139,12 @@ def test_the_command_writes_the_report_and_refuses_bad_traces(traces, tmp_path, 
     text = out.read_text(encoding="utf-8")
     assert "<title>two lanes</title>" in text and text.count('class="step-story"') == sum(
         len(traces[n].steps) for n in ("vanilla", "dart"))
+    # The trace names no n-gram table: the search replays wait for one (--ngram), and the report says so.
+    assert "<td>beam width 10</td>" not in text and "the run&#x27;s n-gram table is not loaded" in text
+    table = tmp_path / "table.npz"
+    NGramModel.build([list(range(3, 90)), [5, 6, 7, 8, 9] * 4], vocab_size=96, order=3).save(table)
+    assert main(["report", *map(str, paths), "--out", str(out), "--ngram", str(table)]) == 0
+    assert "<td>beam width 10</td>" in out.read_text(encoding="utf-8")
     capsys.readouterr()
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

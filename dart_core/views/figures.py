@@ -19,9 +19,12 @@ from plotly.subplots import make_subplots
 
 from dart_core.budget import pool_path
 from dart_core.methods import DART, PLD, VANILLA
-from dart_core.forensics import BEYOND, REASON_TEXT, Miss, budget_effects, miss_counts, step_miss
+from dart_core.forensics import BEYOND, REASON_TEXT, KnobEffect, Miss, RunForensics, run_forensics, step_miss
 from dart_core.metrics import Metrics
+from dart_core.ngram import NGramModel
+from dart_core.proposers import PromptLookupProposer
 from dart_core.setup.calibration import CostCurve
+from dart_core.setup.defaults import LOOKUP_TOKENS, PLD_NGRAM
 from dart_core.trace import PHASES, Trace
 from dart_core.tree import TokenTree
 from dart_core.tree_search import BEAM_CUT, KEPT, LOW_NGRAM, Candidates
@@ -67,14 +70,6 @@ def fate_label(fate: str, beam: str) -> str:
         return "kept"
     return {PRUNED_NGRAM: "unseen n-gram", PRUNED_BEAM: "beam cut", PRUNED_BUDGET: "node budget"}[
         prune_category(fate, beam)]
-
-
-def step_context(trace: Trace, index: int) -> list[int]:
-    """Committed tokens before step `index`, ending with its root (the previous step's last token)."""
-    ctx = list(trace.prompt_ids)
-    for s in trace.steps[:index]:
-        ctx.extend(s.new_tokens)
-    return ctx
 
 
 def message_figure(text: str, height: int = 260) -> go.Figure:
@@ -311,7 +306,7 @@ def tree_figure_from_view(view: TreeView) -> go.Figure:
 def missed_token(trace: Trace, index: int) -> Miss | None:
     """What the target wanted where step `index` stopped short, or None: nothing missed, or the step accepted all
     the head drafted (the next token lies beyond its rows, so no tree could hold it)."""
-    miss = step_miss(trace, index)
+    miss = step_miss_of(trace, index)
     return miss if miss is not None and miss.reason != BEYOND else None
 
 
@@ -338,7 +333,7 @@ def tree_figure(trace: Trace, index: int, show_pruned: bool = False, max_pruned:
     bonus = step.new_tokens[-1] if len(step.new_tokens) == step.accepted + 1 else None
     title = (f"Step {index}: {len(step.tree) - 1} draft nodes, {step.accepted} accepted"
              + (" + bonus" if bonus is not None else ""))
-    view = tree_view(trace, step.tree, step.path, bonus, step.candidates, step_context(trace, index),
+    view = tree_view(trace, step.tree, step.path, bonus, step.candidates, trace.context_at(index),
                      show_pruned, max_pruned, title, step.lookup_nodes)
     if (miss := missed_token(trace, index)) is not None:
         view.missed = _missed_marks(trace, index, miss, view)
@@ -503,31 +498,60 @@ def cost_figure(trace: Trace | None) -> go.Figure:
 
 
 # ---------------------------------------------------------------------------------------------- why tokens were missed
-def misses_figure(trace: Trace | None) -> go.Figure:
-    """Over a DART run: why each step stopped short (at the first rejected position), and what other node budgets
-    would have accepted, replayed exactly from the recorded pools (greedy runs)."""
+def lookup_probe(trace: Trace) -> PromptLookupProposer:
+    """The prompt-lookup branch dart_pld grafts: the run's own, or the default one a dart run could have had."""
+    return PromptLookupProposer(max_ngram=PLD_NGRAM, num_tokens=trace.settings.lookup_tokens or LOOKUP_TOKENS)
+
+
+def step_miss_of(trace: Trace, index: int) -> Miss | None:
+    """step_miss, with the lookup branch a dart run could have had tried as well."""
+    return step_miss(trace, index, lookup_probe(trace))
+
+
+def forensics_of(trace: Trace, ngram: NGramModel | None = None, replay: bool = True) -> RunForensics:
+    return run_forensics(trace, PLD_NGRAM, LOOKUP_TOKENS, ngram, replay)
+
+
+def misses_figure(trace: Trace | None, ngram: NGramModel | None = None, replay: bool = True,
+                  found: RunForensics | None = None) -> go.Figure:
+    """Over a DART run: why each step stopped short (at the first rejected position), and what each knob would
+    have recovered, replayed from the recorded steps (exact for greedy runs). `replay`: rerun the search for the
+    n-gram weight and beam width too (`ngram`: the run's table); `found`: the forensics already computed."""
     if trace is None or not trace.uses_tree_search:
         return message_figure("Run DART (or upload a DART trace) to see why tokens were missed.")
-    counts = miss_counts(trace)
-    effects = budget_effects(trace)
+    found = found or forensics_of(trace, ngram, replay)
+    counts = found.counts
     if not counts:
         return message_figure("No DART step stopped short in this run.")
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.12,
+    fig = make_subplots(rows=2, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.12, vertical_spacing=0.2,
+                        specs=[[{}, {}], [{"colspan": 2}, None]], row_heights=[0.55, 0.45],
                         subplot_titles=("why the wanted token was not accepted (steps)",
-                                        "accepted tokens another node budget would add"))
+                                        "accepted tokens another node budget would add",
+                                        "accepted tokens the other knobs would add (each alone, at each step's own "
+                                        "node budget)"))
     fig.add_trace(go.Bar(y=[plotly_escape(REASON_TEXT[r]) for r in counts], x=list(counts.values()),
                          orientation="h", marker_color="#ef6c00", name="steps",
                          hovertemplate="%{x} steps: %{y}<extra></extra>"), row=1, col=1)
-    if effects:
-        fig.add_trace(go.Bar(x=[str(e.budget) for e in effects], y=[e.extra_tokens for e in effects],
-                             marker_color="#2e7d32", name="tokens",
-                             customdata=[round(e.extra_nodes, 1) for e in effects],
-                             hovertemplate="node budget %{x}: %{y:+d} tokens in this run, %{customdata:+} nodes per "
-                                           "forward<extra></extra>"), row=1, col=2)
-    how = "exact: greedy" if trace.settings.sampling.greedy else "estimated: the run was sampled"
-    trimmed = " · the trace keeps part of each pool: budgets above it are underestimated" \
-        if trace.settings.top_candidates is not None else ""
-    fig.update_layout(title={"text": f"Why tokens were missed<br><sup>{plotly_escape(how + trimmed)}</sup>",
-                             "x": 0.01}, height=340, showlegend=False, margin={"l": 10, "r": 10, "t": 80, "b": 40})
+    flags = {"of these: the tree had it under another parent": sum(m.elsewhere for m in found.misses),
+             "of these: dart_pld's lookup branch would have offered it": sum(m.lookup for m in found.misses)}
+    flags = {k: v for k, v in flags.items() if v}
+    if flags:
+        fig.add_trace(go.Bar(y=list(flags), x=list(flags.values()), orientation="h", marker_color="#90a4ae",
+                             name="also", hovertemplate="%{x} steps: %{y}<extra></extra>"), row=1, col=1)
+    if found.budgets:
+        fig.add_trace(_effect_bars(found.budgets, [str(e.value) for e in found.budgets], "#2e7d32"), row=1, col=2)
+    if found.knobs:
+        fig.add_trace(_effect_bars(found.knobs, [e.label for e in found.knobs], "#1565c0"), row=2, col=1)
+    how = "exact: greedy" if trace.settings.sampling.greedy else ""
+    sub = " · ".join([how] * bool(how) + found.notes)
+    fig.update_layout(title={"text": f"Why tokens were missed<br><sup>{plotly_escape(sub)}</sup>", "x": 0.01},
+                      height=560, showlegend=False, margin={"l": 10, "r": 10, "t": 80, "b": 40})
     fig.update_xaxes(title_text="node budget", row=1, col=2)
     return fig
+
+
+def _effect_bars(effects: list[KnobEffect], labels: list[str], color: str) -> go.Bar:
+    return go.Bar(x=labels, y=[e.extra_tokens for e in effects], marker_color=color, name="tokens",
+                  customdata=[[e.label, round(e.extra_nodes, 1)] for e in effects],
+                  hovertemplate="%{customdata[0]}: %{y:+d} tokens in this run, %{customdata[1]:+} nodes per "
+                                "forward<extra></extra>")

@@ -16,9 +16,10 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from dart_core.errors import DartError
-from dart_core.forensics import REASON_TEXT, budget_effects, miss_counts, step_miss
+from dart_core.forensics import REASON_TEXT
 from dart_core.methods import DART, DART_PLD, PLD, VANILLA
 from dart_core.metrics import Metrics
+from dart_core.ngram import NGramModel
 from dart_core.trace import Trace
 
 from . import figures
@@ -75,8 +76,9 @@ def lane_key(trace: Trace) -> str:
     return DART if trace.method == DART_PLD else trace.method
 
 
-def report_html(traces: list[Trace], title: str | None = None) -> str:
-    """The whole report of `traces` (one per lane), as one HTML document; the title defaults to the prompt."""
+def report_html(traces: list[Trace], title: str | None = None, ngram: NGramModel | None = None) -> str:
+    """The whole report of `traces` (one per lane), as one HTML document; the title defaults to the prompt.
+    `ngram`: the DART run's n-gram table, to replay its search for the forensics (n-gram weight, beam width)."""
     lanes: dict[str, Trace] = {}
     for trace in traces:
         key = lane_key(trace)
@@ -94,7 +96,7 @@ def report_html(traces: list[Trace], title: str | None = None) -> str:
             *(_lane_card(k, t, lanes.get(VANILLA)) for k, t in lanes.items()), "</div>",
             "<h2>The run</h2>", _charts(lanes)]
     if DART in lanes:
-        body += ["<h2>Why tokens were missed</h2>", _forensics(lanes[DART])]
+        body += ["<h2>Why tokens were missed</h2>", _forensics(lanes[DART], ngram)]
     for key, trace in lanes.items():
         body += [f"<h2>Steps: {html.escape(_lane_title(key, trace))}</h2>",
                  *([_autoplay(key, trace)] if key != VANILLA else []),   # plain decoding drafts nothing to play
@@ -169,20 +171,23 @@ def _charts(lanes: dict[str, Trace]) -> str:
     return "\n".join(_figure(f) for f in charts)
 
 
-def _forensics(trace: Trace) -> str:
-    """The misses chart, then the same numbers as tables: steps per reason, and what each node budget would add."""
-    parts = [_figure(figures.misses_figure(trace))]
-    counts = miss_counts(trace)
+def _forensics(trace: Trace, ngram: NGramModel | None) -> str:
+    """The misses chart, then the same numbers as tables: steps per reason, and what each knob would add."""
+    found = figures.forensics_of(trace, ngram)
+    parts = [_figure(figures.misses_figure(trace, found=found))]
+    counts = found.counts
     if counts:
         rows = "".join(f"<tr><td>{html.escape(REASON_TEXT[r])}</td><td>{n}</td></tr>" for r, n in counts.items())
         parts.append(f'<table class="miss-reasons"><tr><th>why the wanted token was not accepted</th><th>steps</th>'
                      f"</tr>{rows}</table>")
-    effects = budget_effects(trace)
+    effects = found.budgets + found.knobs
     if effects:
-        rows = "".join(f"<tr><td>{e.budget}</td><td>{e.extra_tokens:+d}</td><td>{e.extra_nodes:+.1f}</td></tr>"
-                       for e in effects)
-        parts.append(f'<p>What another node budget would have recovered over this run:</p><table class="budget-effects">'
-                     f"<tr><th>node budget</th><th>accepted tokens</th><th>nodes per forward</th></tr>{rows}</table>")
+        rows = "".join(f"<tr><td>{html.escape(e.label)}</td><td>{e.extra_tokens:+d}</td><td>{e.extra_nodes:+.1f}</td>"
+                       f"</tr>" for e in effects)
+        notes = "".join(f"<p class=\"note\">{html.escape(n)}</p>" for n in found.notes)
+        parts.append(f'<p>What each knob would have recovered over this run (alone, everything else as the run had '
+                     f'it):</p><table class="knob-effects"><tr><th>setting</th><th>accepted tokens</th>'
+                     f"<th>nodes per forward</th></tr>{rows}</table>{notes}")
     return "\n".join(parts)
 
 
@@ -208,7 +213,7 @@ def _steps(key: str, trace: Trace) -> str:
         line = f"step {i}: " + ("prefill" if step.kind == "prefill" else
                                 f"{len(step.tree) - 1 if step.tree else 0} draft nodes, {step.accepted} accepted")
         line = (f"{html.escape(line)} · emitted <code class=\"emitted\">{html.escape(emitted)}</code>")
-        if (miss := step_miss(trace, i)) is not None:
+        if (miss := figures.step_miss_of(trace, i)) is not None:
             line += ' · <span class="miss">missed: ' + html.escape(miss.text(lambda t: token_text(trace, t))) + "</span>"
         # Plain decoding's trees are a root and one token: only steps that drafted (and every DART step) get one.
         has_tree = step.tree is not None and (trace.uses_tree_search or len(step.tree) > 1)
