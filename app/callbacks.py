@@ -462,8 +462,9 @@ def budget_text(budget: dict) -> str:
     if not choice:
         return f"node budget {budget['nodes']} (automatic, still measuring)"
     probe = " · a probe step" if choice["budget"] == 0 else ""
-    return (f"node budget {budget['nodes']} (automatic: {choice['expected_tokens']:.2f} tokens per step expected, "
-            f"{choice['expected_tokens_per_s']:.1f} tok/s, from {choice['steps_seen']} steps{probe})")
+    lookup = f", lookup branch {budget['lookup']}" if "lookup" in budget else ""
+    return (f"node budget {budget['nodes']}{lookup} (automatic: {choice['expected_tokens']:.2f} tokens per step "
+            f"expected, {choice['expected_tokens_per_s']:.1f} tok/s, from {choice['steps_seen']} steps{probe})")
 
 
 def _ensure(folder: Path) -> Path:

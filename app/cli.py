@@ -11,7 +11,7 @@ import os
 import sys
 
 from dart_core.errors import DartError
-from dart_core.tools.args import (DRAFT_HELP, HUB_HELP, MODEL_HELP, NGRAM_HELP, THINKING_HELP,
+from dart_core.tools.args import (DRAFT_HELP, DTYPE_HELP, HUB_HELP, MODEL_HELP, NGRAM_HELP, THINKING_HELP,
                                   resolve_model_names)
 from dart_core.trace import Trace
 
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hub", action="store_true", help=HUB_HELP)
     p.add_argument("--thinking", action="store_true", help=THINKING_HELP)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"], help=DTYPE_HELP)
     p.add_argument("--replay", action="store_true", help="load no model: only explore saved traces")
     p.add_argument("--trace", action="append", default=[], metavar="FILE",
                    help="a saved trace every session starts with (repeat for one per lane)")

@@ -18,7 +18,7 @@ from dart_core.ngram import NGramModel
 from dart_core.proposers import Proposer
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.defaults import DEFAULT_HEAD
-from dart_core.setup.loading import Loaded, check_ngram_fits, load_draft, load_ngram, load_target
+from dart_core.setup.loading import Loaded, check_ngram_fits, dtype_name, load_draft, load_ngram, load_target
 from dart_core.trace import Trace
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
@@ -40,10 +40,11 @@ class Engine:
 
     @classmethod
     def load(cls, model: str = "default", draft: str = "default", ngram: str = "default", device: str = "cpu",
-             dtype: str = "fp32") -> "Engine":
+             dtype: str = "auto") -> "Engine":
         """Load the target, the draft head and the n-gram table. A missing default head falls back to a random
         (untrained) head, with a notice for the UI."""
         target = load_target(model, device, dtype)
+        dtype = dtype_name(target)
         notices = []
         try:
             head = load_draft(draft, target)
@@ -87,7 +88,9 @@ class Engine:
     def describe(self) -> str:
         """What is loaded, for the page header."""
         s = self.loaded
-        return (f"Model: {s.model} · draft head: {s.draft} · n-gram: {s.ngram} · {s.dtype} · "
+        choice = self.target.dtype_choice
+        dtype = f"{s.dtype} (auto: {choice['reason'].split(': ', 1)[1]})" if choice else s.dtype
+        return (f"Model: {s.model} · draft head: {s.draft} · n-gram: {s.ngram} · {dtype} · "
                 f"{self.target.hardware.describe()}")
 
     # ------------------------------------------------------------------ generation

@@ -7,7 +7,9 @@ the beam search's candidate pool does not depend on the budget (the tree is the 
 target's own continuation after a step is known (it is what the following steps commit), the tokens that step would
 have accepted under every budget b can be read off its pool. A candidate always ranks after its parent, so a step
 accepts under budget b as many tokens of the target's path as have a pool rank below b. With a prompt-lookup branch
-the tree also holds the branch's nodes, and the step accepts at least the branch's agreement with the target.
+the tree also holds the branch's nodes, and the step accepts at least the branch's agreement with the target. The
+branch depends on the context alone, so the same holds for every branch length L (its first L tokens): dart_pld
+chooses the length with the budget, from one lookup of the longest.
 
 For greedy decoding these counts are exact; under sampling they use the sampled continuation, an estimate.
 
@@ -27,6 +29,7 @@ from .tree_search import Candidates
 MAX_BUDGET = 60          # the reference's tree size: the largest budget considered
 RECHOOSE_EVERY = 4       # verify steps between two choices (each choice uses every step settled so far)
 MIN_STEPS = 2            # settled steps before the first choice replaces the starting budget
+WHOLE = 2**31 - 1        # "the whole branch", where its length is not chosen
 PROBE_EVERY = 8          # while plain decoding is chosen, draft one step in this many to keep measuring
 # Plain decoding is chosen only when the curve says it beats the best tree by this much: its estimate leaves out what
 # the plain mode still pays (feature taps, the head catching up, the probes). On the 2-core AVX2 EPYC, 20 prompts:
@@ -37,6 +40,7 @@ PLAIN_MARGIN = 1.1
 @dataclass
 class BudgetChoice:
     budget: int
+    lookup_tokens: int | None        # the prompt-lookup branch's length with it (0: none; None: not chosen)
     expected_tokens: float           # per verify step, the bonus token included
     expected_tokens_per_s: float
     steps_seen: int                  # settled steps the estimate comes from
@@ -47,6 +51,7 @@ class BudgetChoice:
     overhead_s: float = 0.0          # mean drafting and search time per step
     tokens_by_budget: list[float] = field(default_factory=list)   # expected tokens per step for budget 0, 1, ...
     nodes_by_budget: list[float] = field(default_factory=list)    # expected tree nodes (the lookup branch's too)
+    # (both at the chosen branch length)
 
     def to_dict(self) -> dict:
         def r(v):
@@ -95,32 +100,65 @@ def accepted_by_budget(token: np.ndarray, parent: np.ndarray, rank: np.ndarray, 
                        target_path: list[int], budgets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For one step's pool: the draft tokens the target would have accepted, and the tree's nodes, under each budget
     (the tree is the pool's top b, plus the lookup branch where there is one)."""
-    b = np.asarray(budgets)[:, None]
-    accepted = (path_ranks(token, parent, rank, target_path)[None, :] < b).sum(1)
-    nodes = np.minimum(b[:, 0], len(rank)).astype(np.float64)
-    if branch:
-        agree = next((i for i, (x, y) in enumerate(zip(branch, target_path)) if x != y),
-                     min(len(branch), len(target_path)))
-        accepted = np.maximum(accepted, agree)
-        shared = (path_ranks(token, parent, rank, branch)[None, :] < b).sum(1)
-        nodes = nodes + len(branch) - shared
+    accepted, nodes = accepted_by_budget_and_length(token, parent, rank, branch, target_path, budgets, [len(branch)])
+    return accepted[0], nodes[0]
+
+
+def accepted_by_budget_and_length(token: np.ndarray, parent: np.ndarray, rank: np.ndarray, branch: list[int],
+                                  target_path: list[int], budgets, lengths) -> tuple[np.ndarray, np.ndarray]:
+    """accepted_by_budget for the branch's first L tokens, for each L of `lengths`: arrays [len(lengths), budgets]."""
+    b = np.asarray(budgets)[None, :]
+    pool_accepted = (path_ranks(token, parent, rank, target_path)[:, None] < b).sum(0)
+    pool_nodes = np.minimum(b[0], len(rank)).astype(np.float64)
+    agree = next((i for i, (x, y) in enumerate(zip(branch, target_path)) if x != y), min(len(branch), len(target_path)))
+    # the branch's nodes the pool's top b already holds, for each prefix length of the branch
+    in_pool = np.zeros((len(branch) + 1, b.shape[1]))
+    in_pool[1:] = np.cumsum(_padded(path_ranks(token, parent, rank, branch), len(branch))[:, None] < b, axis=0)
+    accepted = np.empty((len(lengths), b.shape[1]))
+    nodes = np.empty((len(lengths), b.shape[1]))
+    for i, n in enumerate(lengths):
+        n = min(int(n), len(branch))
+        accepted[i] = np.maximum(pool_accepted, min(n, agree))
+        nodes[i] = pool_nodes + n - in_pool[n]
     return accepted, nodes
 
 
+def _padded(ranks: np.ndarray, n: int) -> np.ndarray:
+    """Pool ranks of a branch's first tokens, padded to n with 'not in the pool' (the pool left the branch there)."""
+    out = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    out[:len(ranks)] = ranks
+    return out
+
+
 class AutoBudget:
-    """Chooses the node budget as the run goes: `budget_for` before each search, `remember` after it."""
+    """Chooses the node budget (and, with a lookup branch, its length) as the run goes: `budget_for` before each
+    search, then `lookup_tokens` is the branch length to graft; `remember` after the search, with the branch looked
+    up at its longest."""
 
     def __init__(self, curve, start: int, max_budget: int = MAX_BUDGET):
         self.curve, self.start, self.max_budget = curve, int(start), int(max_budget)
         self.budgets = np.arange(self.max_budget + 1)
-        self.accepted = np.zeros(self.max_budget + 1)    # summed over settled steps, per budget
-        self.nodes = np.zeros(self.max_budget + 1)
-        self.steps = 0                                   # settled steps
         self.overhead, self._timed = 0.0, 0              # mean seconds of drafting and search per step
         self.pending: list[_Pending] = []
         self.budget, self.choice = self.start, None
         self.choice_record: dict | None = None          # the choice as each step records it (made once per choice)
         self._since_choice = 0
+        self.chooses_lookup = False
+        self._learn([WHOLE])                             # the lookup branch (if any) is grafted whole
+
+    def choose_lookup(self, lengths, start: int) -> None:
+        """Choose the prompt-lookup branch's length too, among `lengths` (0: no branch), from `start` until the
+        first choice; the proposer then looks the branch up at the longest and grafts `lookup_tokens` of it."""
+        self.chooses_lookup = True
+        self._learn(sorted({int(n) for n in lengths}))
+        self.lookup_tokens = int(start) if start in self.lengths else int(self.lengths[-1])
+
+    def _learn(self, lengths) -> None:
+        self.lengths = np.asarray(lengths)
+        self.accepted = np.zeros((len(self.lengths), self.max_budget + 1))  # summed over settled steps, per length
+        self.nodes = np.zeros((len(self.lengths), self.max_budget + 1))     # and budget
+        self.steps = 0                                   # settled steps
+        self.lookup_tokens = int(self.lengths[-1])
 
     def reset(self) -> None:
         """A new prompt: its context is unrelated to the pending steps' (what was learnt stays)."""
@@ -135,49 +173,57 @@ class AutoBudget:
         if self.steps >= MIN_STEPS and (self.choice is None or self._since_choice >= every):
             self.choice, self._since_choice = self.best(), 0
             self.choice_record, self.budget = self.choice.to_dict(), self.choice.budget
+            self.lookup_tokens = int(self.lengths[0]) if self.choice.lookup_tokens is None else self.choice.lookup_tokens
             if self.budget == 0:
                 return self.choice.best_drafting   # the first plain step is a probe: measuring goes on
         return self.budget
 
     def remember(self, context: list[int], candidates: Candidates | None, branch: list[int], seconds: float) -> None:
-        """Keep this step's pool until the target's continuation after it is known."""
+        """Keep this step's pool (and its lookup branch, at the longest length) until the target's continuation
+        after it is known."""
         self._timed += 1
         self.overhead += (seconds - self.overhead) / self._timed
         if candidates is None or not len(candidates):
             return
         self.pending.append(_Pending(len(context) - 1, candidates.token, candidates.parent, pool_ranks(candidates),
-                                     list(branch), int(candidates.level.max()) + 1))
+                                     list(branch[:self.lengths[-1]]), int(candidates.level.max()) + 1))
 
     def _settle(self, context: list[int]) -> None:
         keep = []
         for p in self.pending:
+            needed = max(p.rows, len(p.branch))
             future = context[p.position + 1:]
-            if len(future) < p.rows:      # the target has not yet said enough after this step
+            if len(future) < needed:      # the target has not yet said enough after this step
                 keep.append(p)
                 continue
-            self._add(p, future[:p.rows])
+            self._add(p, future[:needed])
         self.pending = keep
 
     def _add(self, p: _Pending, target_path: list[int]) -> None:
-        accepted, nodes = accepted_by_budget(p.token, p.parent, p.rank, p.branch, target_path, self.budgets)
+        accepted, nodes = accepted_by_budget_and_length(p.token, p.parent, p.rank, p.branch, target_path,
+                                                        self.budgets, self.lengths)
         self.accepted += accepted
         self.nodes += nodes
         self.steps += 1
 
-    def rate(self, budget: int) -> tuple[float, float]:
-        """(expected tokens per step, expected tokens per second) under `budget`, from the settled steps."""
-        tokens = 1.0 + self.accepted[budget] / max(self.steps, 1)
-        nodes = self.nodes[budget] / max(self.steps, 1)
+    def rate(self, budget: int, length: int | None = None) -> tuple[float, float]:
+        """(expected tokens per step, expected tokens per second) under `budget` (and branch length `length`,
+        default the current one), from the settled steps."""
+        i = int(np.searchsorted(self.lengths, self.lookup_tokens if length is None else length))
+        tokens = 1.0 + self.accepted[i, budget] / max(self.steps, 1)
+        nodes = self.nodes[i, budget] / max(self.steps, 1)
         return tokens, tokens / (self.overhead + self.curve.time(1 + nodes))
 
     def best(self) -> BudgetChoice:
-        rates = [self.rate(b)[1] for b in range(1, self.max_budget + 1)]
-        drafting = 1 + int(np.argmax(rates))
+        rates = np.array([[self.rate(b, n)[1] for b in range(1, self.max_budget + 1)] for n in self.lengths])
+        i, j = np.unravel_index(int(np.argmax(rates)), rates.shape)   # ties: the shorter branch, the smaller tree
+        length, drafting = int(self.lengths[i]), 1 + int(j)
         plain = 1.0 / self.curve.time(1)
-        budget = drafting if PLAIN_MARGIN * rates[drafting - 1] >= plain else 0
-        tokens, per_s = self.rate(drafting) if budget else (1.0, plain)
+        budget = drafting if PLAIN_MARGIN * rates[i, j] >= plain else 0
+        tokens, per_s = self.rate(drafting, length) if budget else (1.0, plain)
         start = min(self.start, self.max_budget)
         n = max(self.steps, 1)
-        return BudgetChoice(budget, float(tokens), float(per_s), self.steps, float(self.rate(start)[1]), start,
-                            plain_tokens_per_s=plain, best_drafting=drafting, overhead_s=self.overhead,
-                            tokens_by_budget=list(1.0 + self.accepted / n), nodes_by_budget=list(self.nodes / n))
+        return BudgetChoice(budget, length if self.chooses_lookup else None, float(tokens), float(per_s), self.steps,
+                            float(self.rate(start)[1]), start, plain_tokens_per_s=plain, best_drafting=drafting,
+                            overhead_s=self.overhead, tokens_by_budget=list(1.0 + self.accepted[i] / n),
+                            nodes_by_budget=list(self.nodes[i] / n))

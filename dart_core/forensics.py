@@ -179,8 +179,9 @@ def _own_branch(trace: Trace, index: int, lookup: PromptLookupProposer | None) -
     s = trace.steps[index]
     if trace.settings.lookup_tokens is None and not s.lookup_nodes:
         return []
-    if lookup is not None:
-        return lookup.lookup(trace.context_at(index))
+    if lookup is not None:   # an automatic budget grafted the first budget["lookup"] tokens of it
+        branch = lookup.lookup(trace.context_at(index))
+        return branch[:s.budget["lookup"]] if s.budget and "lookup" in s.budget else branch
     return [s.tree.tokens[n] for n in s.tree.path_to(max(s.lookup_nodes))[1:]] if s.lookup_nodes else []
 
 
@@ -219,10 +220,12 @@ def budget_effects(trace: Trace, budgets=KNOB_VALUES[BUDGET_KNOB],
 
 
 def lookup_effects(trace: Trace, max_ngram: int, lengths=KNOB_VALUES[LOOKUP_KNOB]) -> list[KnobEffect]:
-    """What a prompt-lookup branch of each length (0: none) would have recovered, with each step's own search.
-    Exact for greedy runs: the branch depends on the context alone (prompt lookup with `max_ngram`)."""
-    own = trace.settings.lookup_tokens or 0
-    lengths = [n for n in lengths if n != own]
+    """What a prompt-lookup branch of each length (0: none) would have recovered, with each step's own search, against
+    the run's own branch (fixed, or chosen per step by the automatic budget). Exact for greedy runs: the branch
+    depends on the context alone (prompt lookup with `max_ngram`)."""
+    own = trace.settings.lookup_tokens or 0         # with an automatic budget: the longest, cut per step
+    chosen = any(s.budget and "lookup" in s.budget for s in trace.steps)
+    lengths = [n for n in lengths if chosen or n != own]
     probes = {n: PromptLookupProposer(max_ngram=max_ngram, num_tokens=n) for n in {own, *lengths} if n}
     steps = _settled_steps(trace, probes.get(own))
     if not steps or not lengths:

@@ -132,6 +132,45 @@ def _best_time(fns, x, rounds: int) -> float:
     return best
 
 
+DTYPE_ROWS = (1, 8)      # the rows of a plain step and of a typical verify, where dtypes are compared
+MAX_PER_SHAPE = 16       # linears timed per shape when comparing dtypes: past the caches, and quick
+
+
+@torch.inference_mode()
+def measure_dtypes(linears: list[torch.nn.Linear], hardware: Hardware, dtypes=(torch.float32, torch.bfloat16),
+                   rounds: int = 2) -> dict[str, list[float]]:
+    """Seconds of one pass over the linears (as a forward makes it) at each of DTYPE_ROWS, per dtype, each shape
+    on the fastest kernel this machine has for it in that dtype. Timed on copies of up to MAX_PER_SHAPE weights
+    per shape (scaled to all of them), so the model itself is not touched."""
+    groups: dict[str, list[torch.nn.Linear]] = {}
+    for m in linears:
+        groups.setdefault(shape_key(m), []).append(m)
+    out = {}
+    for dtype in dtypes:
+        total = [0.0] * len(DTYPE_ROWS)
+        for group in groups.values():
+            sample = [_copy_as(m, dtype) for m in group[:MAX_PER_SHAPE]]
+            fns = [[lambda x, m=m: F.linear(x, m.weight, m.bias) for m in sample]]
+            if ONEDNN in available_kernels(hardware, dtype):
+                fns.append([PackedLinear(m) for m in sample])
+            for j, rows in enumerate(DTYPE_ROWS):
+                x = torch.randn(rows, sample[0].in_features, dtype=dtype, device=sample[0].weight.device)
+                total[j] += len(group) / len(sample) * min(_best_time(f, x, rounds) for f in fns)
+        out[str(dtype).removeprefix("torch.")] = total
+    return out
+
+
+def _copy_as(linear: torch.nn.Linear, dtype: torch.dtype) -> torch.nn.Linear:
+    if linear.weight.dtype == dtype:
+        return linear
+    copy = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, dtype=dtype,
+                           device=linear.weight.device)
+    copy.weight.data = linear.weight.detach().to(dtype)
+    if linear.bias is not None:
+        copy.bias.data = linear.bias.detach().to(dtype)
+    return copy
+
+
 class FastLinears:
     """The decoder linears, each computed by its plan's kernel for the rows of the forward, inside `active()`."""
 

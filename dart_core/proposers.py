@@ -168,6 +168,8 @@ class DartProposer(Proposer):
             chosen = self.auto_budget.budget_for(context)
             choice = self.auto_budget.choice_record
             budget = {"nodes": chosen, "auto": True, **({"choice": choice} if choice else {})}
+            if self.lookup is not None and self.auto_budget.chooses_lookup:
+                budget["lookup"] = self.auto_budget.lookup_tokens
             if chosen == 0:   # plain decoding pays best here: no draft, no search; the head catches up later
                 self._unread = new_features if self._unread is None else torch.cat([self._unread, new_features])
                 return Proposal(TokenTree([context[-1]], [-1]), budget=budget)
@@ -188,8 +190,9 @@ class DartProposer(Proposer):
         result = search(rows_tokens, rows_probs, context, config, self.ngram, self.eos_ids, node_budget=max_nodes)
         tree, lookup_nodes, branch = result.tree, None, []
         if self.lookup is not None:
-            branch = self.lookup.lookup(context)
-            tree, lookup_nodes = tree.with_branch(branch, max_nodes - (len(tree) - 1))
+            branch = self.lookup.lookup(context)   # the longest: the automatic budget learns every length from it
+            used = branch[:budget["lookup"]] if budget and "lookup" in budget else branch
+            tree, lookup_nodes = tree.with_branch(used, max_nodes - (len(tree) - 1))
         t2 = time.perf_counter()
         if self.auto_budget is not None:
             self.auto_budget.remember(context, result.candidates, branch, t2 - t0)

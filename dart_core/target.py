@@ -39,6 +39,7 @@ class TargetModel:
         self.vocab_size = int(self.lm_head.weight.shape[0])
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 1 << 30)
         self.hardware = hardware or detect(str(self.device))
+        self.dtype_choice: dict | None = None   # set where the dtype was chosen by measurement (--dtype auto)
         self.output_head = _onednn_output_head(self)
         self.fast_linears: FastLinears | None = None
 

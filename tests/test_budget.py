@@ -3,15 +3,22 @@ accepted, it trades tokens for the machine's verify cost, and decoding with it s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from dart_core.budget import PLAIN_MARGIN, AutoBudget
 from dart_core.decoding import GenerationConfig, run
+from dart_core.forensics import lookup_effects
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer
+from dart_core.methods import DART_PLD
 from dart_core.setup.calibration import CostCurve
+from dart_core.setup.defaults import LOOKUP_LONGEST, LOOKUP_TOKENS
+from dart_core.setup.loading import build_proposer
+from dart_core.trace import RunSettings
 from dart_core.tree_search import SearchConfig, search
 from tests.tiny import OracleDrafter, plain_greedy_reference, random_head, tiny_target
 
@@ -47,8 +54,51 @@ def test_acceptance_per_budget_is_what_the_search_would_have_given(seed, with_br
         if branch:
             tree, _ = tree.with_branch(branch, len(branch))
         path, _ = tree.follow(target)
-        assert auto.accepted[b] == len(path) - 1, b
-        assert auto.nodes[b] == len(tree) - 1, b
+        assert auto.accepted[0, b] == len(path) - 1, b
+        assert auto.nodes[0, b] == len(tree) - 1, b
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_acceptance_per_branch_length_is_what_the_shorter_branch_would_have_given(seed):
+    rng = np.random.default_rng(seed)
+    rows_tokens, rows_probs = random_rows(rng)
+    context = [3, 7, 11]
+    cfg = SearchConfig(topk=6, beam_width=4, node_budget=60)
+    pool = search(rows_tokens, rows_probs, context, cfg).candidates
+    target = [int(t) for t in rows_tokens[:, 0]] + [int(t) for t in rng.integers(0, 40, 4)]
+    agree = int(rng.integers(0, 7))             # the branch follows the target this far, then leaves it
+    branch = target[:agree] + [39, 38, 37][: 7 - agree]
+    auto = AutoBudget(FLAT, start=4, max_budget=20)
+    auto.choose_lookup(range(8), start=5)
+    assert auto.lookup_tokens == 5 and list(auto.lengths) == list(range(8))
+    auto.remember(context, pool, branch, 0.001)
+    auto.budget_for(context + target)
+    assert auto.steps == 1
+    for n in range(8):
+        for b in range(0, 21, 4):
+            tree = search(rows_tokens, rows_probs, context, SearchConfig(topk=6, beam_width=4, node_budget=b)).tree
+            tree, _ = tree.with_branch(branch[:n], n)
+            path, _ = tree.follow(target)
+            assert auto.accepted[n, b] == len(path) - 1, (n, b)
+            assert auto.nodes[n, b] == len(tree) - 1, (n, b)
+
+
+def test_the_branch_length_is_chosen_with_the_budget():
+    rng = np.random.default_rng(3)
+    rows_tokens, rows_probs = random_rows(rng)
+    context = [1, 2]
+    cfg = SearchConfig(topk=6, beam_width=4, node_budget=60)
+    target = [int(t) for t in rng.integers(0, 40, 8)]                 # the head's rows never hold it
+    for branch, cheap_best in ((target[:6], 6), ([39, 38, 37, 36, 35, 34], 0)):
+        auto = AutoBudget(STEEP, start=4, max_budget=10)
+        auto.choose_lookup(range(7), start=3)
+        for _ in range(3):
+            auto.remember(context, search(rows_tokens, rows_probs, context, cfg).candidates, branch, 0.0)
+            auto.budget_for(context + target)
+        choice = auto.best()
+        assert choice.lookup_tokens == cheap_best                       # all of a right branch, none of a wrong one
+        rates = {(n, b): auto.rate(b, n)[1] for n in range(7) for b in range(1, 11)}
+        assert choice.expected_tokens_per_s == pytest.approx(max(rates.values())) or choice.budget == 0
 
 
 def test_the_choice_follows_the_cost_curve():
@@ -66,7 +116,8 @@ def test_the_choice_follows_the_cost_curve():
         choice = choices[name] = auto.best()
         # the choice is the best rate over every budget, by brute force on the same numbers; budget 0 is plain
         # decoding (one token per one-token forward, no drafting), taken only when it wins by PLAIN_MARGIN
-        rates = {b: (1 + auto.accepted[b] / 3) / (0.002 + curve.time(1 + auto.nodes[b] / 3)) for b in range(1, 41)}
+        rates = {b: (1 + auto.accepted[0, b] / 3) / (0.002 + curve.time(1 + auto.nodes[0, b] / 3))
+                 for b in range(1, 41)}
         rates[0] = 1 / curve.time(1) / PLAIN_MARGIN
         assert choice.budget == max(rates, key=rates.get)
         assert choice.expected_tokens_per_s == pytest.approx(rates[choice.budget] * (PLAIN_MARGIN if
@@ -96,7 +147,7 @@ def test_decoding_with_an_automatic_budget_is_lossless_and_records_its_choice():
             assert dart.auto_budget.steps > 0 and dart.auto_budget.choice is not None
     # with the oracle's perfect chains and nodes that cost little, the choice leaves the starting budget for the
     # oracle's 3-token chains
-    cheap = CostCurve((1, 4, 64), (0.01, 0.011, 0.5))
+    cheap = CostCurve((1, 4, 64), (1.0, 1.1, 50.0))   # seconds: the drafting time measured here is negligible
     oracle = DartProposer(OracleDrafter(target, n_rows=3), SearchConfig(topk=5, beam_width=3, node_budget=6),
                           auto_budget=AutoBudget(cheap, start=6, max_budget=20))
     trace = run(target, oracle, prompts[0], GenerationConfig(max_new_tokens=24))
@@ -121,3 +172,34 @@ def test_where_drafting_does_not_pay_dart_decodes_plainly_and_keeps_probing():
     choice = trace.steps[-1].budget["choice"]
     assert choice["budget"] == 0 and choice["best_drafting"] > 0
     assert choice["start_tokens_per_s"] < choice["plain_tokens_per_s"] == choice["expected_tokens_per_s"]
+
+
+def test_dart_pld_chooses_its_branch_length_as_it_goes_and_stays_lossless():
+    target = tiny_target("llama", seed=7)
+    prompt = [1, 5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]
+    cheap = CostCurve((1, 4, 64), (1.0, 1.1, 50.0))
+    auto = AutoBudget(cheap, start=6, max_budget=20)
+    dart = build_proposer(DART_PLD, target, random_head(target, n_mask=2, seed=2),
+                          search_config=SearchConfig(topk=5, beam_width=3, node_budget=6), auto_budget=auto)
+    assert dart.lookup.num_tokens == LOOKUP_LONGEST and auto.chooses_lookup
+    assert list(auto.lengths) == list(range(LOOKUP_LONGEST + 1)) and auto.lookup_tokens == LOOKUP_TOKENS
+    trace = run(target, dart, prompt, GenerationConfig(max_new_tokens=40),
+                settings=RunSettings(search=dart.search_config, lookup_tokens=LOOKUP_LONGEST, auto_budget=True))
+    assert trace.output_ids == plain_greedy_reference(target, prompt, 40)
+    steps = [s for s in trace.steps[1:] if s.candidates is not None]
+    assert all(0 <= s.budget["lookup"] <= LOOKUP_LONGEST for s in steps)
+    for s in steps:   # each tree grafted the branch's first budget["lookup"] tokens, no more
+        branch = dart.lookup.lookup(trace.context_at(s.index))[:s.budget["lookup"]]
+        assert all(s.tree.tokens[n] in branch for n in s.lookup_nodes)
+    last = trace.steps[-1].budget["choice"]
+    assert last["lookup_tokens"] == auto.lookup_tokens and last["lookup_tokens"] > 0   # the branch pays here
+    # the forensics read each step's own branch back: a fixed branch's effect is against the run's own acceptance
+    effects = {e.value: e for e in lookup_effects(trace, max_ngram=3, lengths=(0, LOOKUP_LONGEST))}
+    for n in (0, LOOKUP_LONGEST):
+        again = 0
+        for s in steps:
+            tree = search(s.rows_tokens, s.rows_probs, trace.context_at(s.index),
+                          replace(dart.search_config, node_budget=s.budget["nodes"])).tree
+            tree, _ = tree.with_branch(dart.lookup.lookup(trace.context_at(s.index))[:n], n)
+            again += len(tree.follow(trace.output_ids[sum(len(x.new_tokens) for x in trace.steps[:s.index]):])[0]) - 1
+        assert effects[n].extra_tokens == again - sum(s.accepted for s in steps), n

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..hardware import Hardware
 from ..kernels import KernelPlan, decoder_linears, measure_plan, shape_key
 from ..target import TargetModel
 from ..tree import TokenTree
@@ -59,14 +60,17 @@ class CostCurve:
 
 def machine_key(target: TargetModel, what: str, extra: str = "") -> str:
     """What a measurement depends on, as a file name: the machine, torch, threads and the model's shapes."""
-    hw = target.hardware
-    shapes = sorted({shape_key(m) for m in decoder_linears(target.model)})
-    ident = json.dumps([FORMAT, what, hw.name, hw.capability, hw.threads, torch.__version__, str(target.dtype),
-                        shapes, extra])
+    return model_key(target.hardware, target.model, str(target.dtype), what, extra)
+
+
+def model_key(hw: Hardware, model, dtype: str, what: str, extra: str = "") -> str:
+    """machine_key for a transformers model not yet wrapped as a target."""
+    shapes = sorted({shape_key(m) for m in decoder_linears(model)})
+    ident = json.dumps([FORMAT, what, hw.name, hw.capability, hw.threads, torch.__version__, dtype, shapes, extra])
     return f"{what}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
 
 
-def _cached(name: str, recalibrate: bool, measure, read, write, label: str):
+def cached(name: str, recalibrate: bool, measure, read, write, label: str):
     path = cache_root() / "calibration" / name
     if path.is_file() and not recalibrate:
         try:
@@ -87,7 +91,7 @@ def kernel_plan(target: TargetModel, recalibrate: bool = False) -> KernelPlan | 
     if not target.hardware.is_cpu:
         return None
     linears = decoder_linears(target.model)
-    plan = _cached(machine_key(target, "kernels"), recalibrate, lambda: measure_plan(linears, target.hardware),
+    plan = cached(machine_key(target, "kernels"), recalibrate, lambda: measure_plan(linears, target.hardware),
                    KernelPlan.from_dict, KernelPlan.to_dict, "the kernels per shape")
     return plan if plan.choices else None
 
@@ -122,7 +126,7 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
     # the output layer's implementation too: a faster one (MkldnnLinear became PackedLinear) changes the curve
     output = type(target.output_head).__name__ if target.output_head is not None else "model"
     name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}|{output}")
-    return _cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
+    return cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
                    "the verify cost curve")
 
 
@@ -131,4 +135,5 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
     the verify cost curve measured on it."""
     return {"hardware": target.hardware.to_dict(), "summary": target.hardware.describe(),
             "kernels": target.fast_linears.summary() if target.fast_linears is not None else None,
+            "dtype": str(target.dtype).removeprefix("torch."), "dtype_choice": target.dtype_choice,
             "cost_curve": cost_curve(target, model_name).to_dict() if with_curve else None}

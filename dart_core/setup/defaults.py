@@ -16,6 +16,8 @@ CPU_NODE_BUDGET = 8
 # dart_pld's prompt-lookup branch: 5 copied tokens raised tau from 1.45 to 1.99 on HumanEval and 1.48 to 1.62 on
 # MT-bench (5 + 5 prompts, 64 tokens, fp32) for 1-3 more nodes a step; 10 gained little more for twice the nodes.
 LOOKUP_TOKENS = 5
+# With the automatic node budget the branch's length is chosen with it, up to this many tokens (0: no branch).
+LOOKUP_LONGEST = 10
 # Prompt lookup as a method of its own (and transformers' prompt lookup in the bench): its defaults.
 PLD_TOKENS, PLD_NGRAM = 10, 3
 # End-of-turn tokens of common chat templates: generation stops on any of them.

@@ -16,6 +16,7 @@ from ..budget import AutoBudget
 from ..draft_head import DraftConfig, DraftHead, DraftHeadError
 from ..context_ngram import ContextNGram
 from ..errors import DartError
+from ..hardware import detect
 from ..head_formats import load_head
 from ..methods import DART_PLD, METHODS, PLD, VANILLA, uses_head
 from ..ngram import NGramModel
@@ -25,7 +26,8 @@ from ..target import TargetModel
 from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
 from .calibration import cost_curve, kernel_plan, machine_record
-from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
+from .dtype_choice import AUTO, choose_cpu_dtype, choose_gpu_dtype
+from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_LONGEST, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
 from .hub import fetch, is_hub_id
 from .models import DEFAULT_MODEL, ModelLoadError, load_model_and_tokenizer, parse_dtype
 from .ngram_tables import ensure_default_ngram
@@ -35,17 +37,30 @@ class SetupError(DartError):
     """Pieces that do not fit together (a table for another vocabulary, DART without a head, ...)."""
 
 
-def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "fp32",
+def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AUTO,
                 recalibrate: bool = False) -> TargetModel:
     """The target, with its decoder linears on the kernels measured fastest on this machine (cached per machine;
-    recalibrate measures again)."""
+    recalibrate measures again). dtype 'auto': the dtype measured fastest here (see dart_core.setup.dtype_choice);
+    the choice and its reason are in `target.dtype_choice`."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here")
-    parse_dtype(dtype)  # a clear error before the slow load
-    hf_model, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
+    # auto on a GPU is decided before the load; on a CPU it is measured on the model loaded in fp32
+    choice = choose_gpu_dtype(device) if dtype == AUTO and device.startswith("cuda") else None
+    load_as = choice.dtype if choice else "fp32" if dtype == AUTO else dtype
+    parse_dtype(load_as)  # a clear error before the slow load
+    hf_model, tokenizer = load_model_and_tokenizer(model, device=device, dtype=load_as)
+    if dtype == AUTO and choice is None:
+        choice = choose_cpu_dtype(hf_model, detect(device), recalibrate)
+        hf_model.to(parse_dtype(choice.dtype))
     target = TargetModel(hf_model, tokenizer)
+    target.dtype_choice = choice.to_dict() if choice else None
     target.use_kernels(kernel_plan(target, recalibrate))
     return target
+
+
+def dtype_name(target: TargetModel) -> str:
+    """The target's dtype as the command line spells it: fp32, bf16 or fp16."""
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[target.dtype]
 
 
 def stop_ids(target: TargetModel) -> frozenset[int]:
@@ -120,7 +135,8 @@ def build_proposer(method: str, target: TargetModel, head: DraftHead | None = No
                    auto_budget: AutoBudget | None = None) -> Proposer:
     """A proposer from pieces already loaded (the app loads them once and builds a proposer per run).
     context_weight > 0 adds the prompt's and the output's own n-grams to the table (ContextNGram);
-    lookup_tokens is the length of dart_pld's prompt-lookup branch (None: LOOKUP_TOKENS)."""
+    lookup_tokens is the length of dart_pld's prompt-lookup branch (None: chosen with an automatic budget, else
+    LOOKUP_TOKENS)."""
     if method == VANILLA:
         return VanillaProposer()
     if method == PLD:
@@ -131,11 +147,23 @@ def build_proposer(method: str, target: TargetModel, head: DraftHead | None = No
         check_ngram_fits(table, target)
         if context_weight > 0:
             table = ContextNGram(table, weight=context_weight)
-        lookup = (PromptLookupProposer(max_ngram=pld_ngram, num_tokens=lookup_tokens or LOOKUP_TOKENS)
-                  if method == DART_PLD else None)
+        lookup = None
+        if method == DART_PLD:
+            if auto_budget is not None and lookup_tokens is None:   # its length is chosen with the budget
+                auto_budget.choose_lookup(range(LOOKUP_LONGEST + 1), start=LOOKUP_TOKENS)
+            lookup = PromptLookupProposer(max_ngram=pld_ngram,
+                                          num_tokens=looked_up_tokens(method, lookup_tokens, auto_budget is not None))
         return DartProposer(HeadDrafter(head, target), search_config, table, eos_ids=stop_ids(target), lookup=lookup,
                             auto_budget=auto_budget)
     raise SetupError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+
+
+def looked_up_tokens(method: str, lookup_tokens: int | None, auto: bool) -> int | None:
+    """dart_pld's branch as the proposer looks it up: the length asked for; else, with the automatic node budget,
+    the longest it may choose (each step records the length it grafted, as budget["lookup"]); else the default."""
+    if method != DART_PLD:
+        return None
+    return lookup_tokens or (LOOKUP_LONGEST if auto else LOOKUP_TOKENS)
 
 
 def make_proposer(method: str, target: TargetModel, draft: str | None = "default", ngram: str | None = "default",
@@ -189,7 +217,7 @@ class Loaded:
             model=self.model, draft=self.draft if head else None, ngram=self.ngram if head else None,
             device=self.device, dtype=self.dtype, sampling=sampling, search=search if head else None,
             max_new_tokens=max_new_tokens, stop_ids=sorted(self.stop_ids),
-            lookup_tokens=(lookup_tokens or LOOKUP_TOKENS) if method == DART_PLD else None,
+            lookup_tokens=looked_up_tokens(method, lookup_tokens, auto and head),
             ngram_context_weight=context_weight if head else 0.0, auto_budget=auto and head,
             machine=machine_record(self.target, self.model, with_curve=auto and head))
         trace = Trace(method=method, prompt_ids=list(prompt_ids), prompt_text=prompt_text, settings=settings)
@@ -198,9 +226,10 @@ class Loaded:
 
 
 def load(model: str = DEFAULT_MODEL, draft: str | None = "default", ngram: str | None = "default",
-         device: str = "cpu", dtype: str = "fp32", with_head: bool = True, recalibrate: bool = False) -> Loaded:
+         device: str = "cpu", dtype: str = AUTO, with_head: bool = True, recalibrate: bool = False) -> Loaded:
     """Load the target and, with_head, the draft head and the n-gram table, all by name."""
     target = load_target(model, device, dtype, recalibrate)
+    dtype = dtype_name(target)
     if not with_head:
         return Loaded(target, model=model, device=device, dtype=dtype)
     head, table = load_draft(draft, target), load_ngram(ngram, target.vocab_size)

@@ -11,7 +11,9 @@ from ..setup.defaults import default_search_config
 from ..setup.hub import HUB_ENV, PRESETS, allow_hub, expand_preset
 from ..tree_search import SearchConfig
 
-DTYPE_CHOICES = ["fp32", "bf16", "fp16", "float32", "bfloat16", "float16"]
+DTYPE_CHOICES = ["auto", "fp32", "bf16", "fp16", "float32", "bfloat16", "float16"]
+DTYPE_HELP = ("'auto' (the default): the dtype measured fastest on this machine (bf16 only where it beats fp32; the "
+              "choice and why are in --json); or fp32, bf16, fp16")
 
 
 class CliError(DartError):
@@ -39,7 +41,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram", default="default", help=NGRAM_HELP)
     p.add_argument("--hub", action="store_true", help=HUB_HELP)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="fp32", choices=DTYPE_CHOICES)
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument("--recalibrate", action="store_true",
                    help="measure this machine's kernels and verify cost curve again (they are cached per machine)")
 
@@ -79,7 +81,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ngram-context-weight", type=float, default=0.0,
                    help="also count the prompt's and output's own n-grams, with this weight (0 = static table only)")
     g.add_argument("--lookup-tokens", type=int, default=None,
-                   help="dart_pld: tokens in the prompt-lookup branch added to DART's tree (default: 5, measured)")
+                   help="dart_pld: tokens in the prompt-lookup branch added to DART's tree (default: with --node-budget "
+                        "auto, chosen with the budget as the run goes, 0-10; with a fixed budget, 5)")
 
 
 def search_config_from(args) -> SearchConfig:

@@ -22,6 +22,8 @@ def resume_settings(plan: BenchPlan) -> dict:
             "pld_tokens": plan.pld_tokens, "pld_ngram": plan.pld_ngram, "lookup_tokens": plan.lookup_tokens,
             "ngram_context_weight": plan.ngram_context_weight, "search": plan.search.to_dict(),
             **({"auto_budget": True} if plan.auto_budget else {}),   # absent: the fixed budget of older runs files
+            # absent: dart_pld's branch had its default length even with the automatic budget (older runs files)
+            **({"lookup_chosen": True} if plan.auto_budget and plan.lookup_tokens is None else {}),
             **({"thinking": True} if plan.thinking else {}),         # absent: off, as in older runs files
             "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
             # a head or table rebuilt in place keeps its name: compare the bytes

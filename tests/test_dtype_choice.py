@@ -1,0 +1,79 @@
+"""`--dtype auto`: bf16 only where it measures faster than fp32 at one row and at a verify's rows, the choice cached
+per machine and reported with its reason, and decoding lossless in whichever dtype it picks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dart_core.decoding import GenerationConfig, run
+from dart_core.hardware import detect
+from dart_core.kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
+from dart_core.proposers import DartProposer, VanillaProposer
+from dart_core.setup import dtype_choice
+from dart_core.setup.calibration import machine_record
+from dart_core.setup.dtype_choice import BF16_MARGIN, choose_cpu_dtype, decide
+from dart_core.setup.loading import dtype_name, load_target
+from dart_core.tree_search import SearchConfig
+from tests.test_chat import PLAIN_TEMPLATE, qwen_style_tokenizer
+from tests.tiny import OracleDrafter, tiny_target
+
+
+def times(fp32, bf16) -> dict:
+    return {"float32": list(fp32), "bfloat16": list(bf16)}
+
+
+@pytest.mark.parametrize("fp32,bf16,expected", [
+    ((27.3, 34.1), (19.6, 124.9), "fp32"),      # the AVX2 EPYC: one row faster in bf16, a verify 3.7x slower
+    ((10.0, 20.0), (5.0, 8.0), "bf16"),          # native bf16: faster at both
+    ((10.0, 20.0), (5.0, 20.0 * BF16_MARGIN + 0.1), "fp32"),   # not faster enough at a verify's rows
+    ((10.0, 20.0), (9.0, 18.0), "bf16"),         # just inside the margin at both
+])
+def test_bf16_only_where_it_wins_at_every_row_count(fp32, bf16, expected):
+    choice = decide(times([t / 1e3 for t in fp32], [t / 1e3 for t in bf16]))
+    assert choice.dtype == expected and choice.reason.startswith(expected + ": ")
+    assert f"{DTYPE_ROWS[-1]} rows {bf16[-1]:.1f} vs {fp32[-1]:.1f} ms" in choice.reason
+
+
+def test_the_measurement_times_both_dtypes_without_touching_the_model():
+    target = tiny_target("llama")
+    linears = decoder_linears(target.model)
+    before = [m.weight.clone() for m in linears]
+    for hw in (detect(), detect().without("onednn", "onednn_bf16")):    # with and without oneDNN's kernels
+        seconds = measure_dtypes(linears, hw, rounds=1)
+        assert set(seconds) == {"float32", "bfloat16"}
+        assert all(len(v) == len(DTYPE_ROWS) and all(t > 0 for t in v) for v in seconds.values())
+    assert all(m.weight.dtype == torch.float32 and torch.equal(m.weight, w) for m, w in zip(linears, before))
+
+
+def test_the_choice_is_cached_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+    model, hw = tiny_target("llama").model, detect()
+    calls = []
+    monkeypatch.setattr(dtype_choice, "measure_dtypes",
+                        lambda linears, hardware: calls.append(1) or times((1.0, 2.0), (0.5, 1.0)))
+    assert choose_cpu_dtype(model, hw).dtype == "bf16" and len(calls) == 1
+    assert choose_cpu_dtype(model, hw).dtype == "bf16" and len(calls) == 1      # read back
+    assert choose_cpu_dtype(model, hw.without("onednn_bf16")).dtype == "bf16" and len(calls) == 1
+    assert choose_cpu_dtype(model, hw, recalibrate=True).dtype == "bf16" and len(calls) == 2
+    assert len(list((tmp_path / "calibration").glob("dtype-*.json"))) == 1
+
+
+@pytest.mark.parametrize("measured", ["fp32", "bf16"])
+def test_auto_loads_the_chosen_dtype_and_stays_lossless(measured, tmp_path, monkeypatch, one_thread):
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    tiny_target("llama").model.save_pretrained(folder)
+    qwen_style_tokenizer(PLAIN_TEMPLATE).save_pretrained(folder)   # any tokenizer: loading needs one
+    fast = times((1.0, 2.0), (0.5, 1.0)) if measured == "bf16" else times((1.0, 2.0), (0.5, 5.0))
+    monkeypatch.setattr(dtype_choice, "measure_dtypes", lambda linears, hardware: fast)
+    target = load_target(str(folder), "cpu", "auto")
+    assert dtype_name(target) == measured and target.dtype_choice["dtype"] == measured
+    assert all(p.dtype == target.dtype for p in target.model.parameters())
+    assert machine_record(target, str(folder))["dtype_choice"]["reason"].startswith(measured)
+    prompt = [1, 5, 9, 13, 17, 5, 9]
+    plain = run(target, VanillaProposer(), prompt, GenerationConfig(max_new_tokens=16)).output_ids
+    dart = run(target, DartProposer(OracleDrafter(target, n_rows=3), SearchConfig(node_budget=6)), prompt,
+               GenerationConfig(max_new_tokens=16)).output_ids
+    assert dart == plain
+    assert load_target(str(folder), "cpu", "fp32").dtype_choice is None     # an explicit dtype is not second-guessed
