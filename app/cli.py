@@ -11,8 +11,8 @@ import os
 import sys
 
 from dart_core.errors import DartError
-from dart_core.tools.args import (DRAFT_HELP, DTYPE_HELP, HUB_HELP, MODEL_HELP, NGRAM_HELP, THINKING_HELP,
-                                  resolve_model_names)
+from dart_core.tools.args import (DRAFT_HELP, DRAFT_INT8_HELP, DTYPE_HELP, HUB_HELP, MODEL_HELP, NGRAM_HELP,
+                                  THINKING_HELP, resolve_model_names)
 from dart_core.trace import Trace
 
 from .engine import Engine
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thinking", action="store_true", help=THINKING_HELP)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"], help=DTYPE_HELP)
+    p.add_argument("--draft-int8", default="auto", choices=["auto", "on", "off"], help=DRAFT_INT8_HELP)
     p.add_argument("--replay", action="store_true", help="load no model: only explore saved traces")
     p.add_argument("--trace", action="append", default=[], metavar="FILE",
                    help="a saved trace every session starts with (repeat for one per lane)")
@@ -50,7 +51,7 @@ def load(args):
     traces = [Trace.load(path) for path in args.trace]
     resolve_model_names(args)
     engine = Engine.replay_only(args.ngram) if args.replay else Engine.load(
-        args.model, args.draft, args.ngram, args.device, args.dtype)
+        args.model, args.draft, args.ngram, args.device, args.dtype, args.draft_int8)
     engine.thinking = args.thinking
     return engine, traces
 

@@ -40,7 +40,7 @@ class Engine:
 
     @classmethod
     def load(cls, model: str = "default", draft: str = "default", ngram: str = "default", device: str = "cpu",
-             dtype: str = "auto") -> "Engine":
+             dtype: str = "auto", draft_int8: str = "auto") -> "Engine":
         """Load the target, the draft head and the n-gram table. A missing default head falls back to a random
         (untrained) head, with a notice for the UI."""
         target = load_target(model, device, dtype)
@@ -61,7 +61,7 @@ class Engine:
                                "nothing gets accepted.")
         table = load_ngram(ngram, target.vocab_size)
         check_ngram_fits(table, target)
-        return cls(Loaded(target, head, table, model, draft, ngram, device, dtype), notices=notices)
+        return cls(Loaded(target, head, table, model, draft, ngram, device, dtype, draft_int8), notices=notices)
 
     @classmethod
     def replay_only(cls, ngram: str | None = "default") -> "Engine":
@@ -90,7 +90,8 @@ class Engine:
         s = self.loaded
         choice = self.target.dtype_choice
         dtype = f"{s.dtype} (auto: {choice['reason'].split(': ', 1)[1]})" if choice else s.dtype
-        return (f"Model: {s.model} · draft head: {s.draft} · n-gram: {s.ngram} · {dtype} · "
+        head = f"{s.draft}, drafting in int8" if s.draft_choice and s.draft_choice["int8"] else s.draft
+        return (f"Model: {s.model} · draft head: {head} · n-gram: {s.ngram} · {dtype} · "
                 f"{self.target.hardware.describe()}")
 
     # ------------------------------------------------------------------ generation

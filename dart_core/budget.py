@@ -214,8 +214,14 @@ class AutoBudget:
         nodes = self.nodes[i, budget] / max(self.steps, 1)
         return tokens, tokens / (self.overhead + self.curve.time(1 + nodes))
 
+    def rates(self) -> np.ndarray:
+        """Expected tokens per second for every branch length and budget 1..max_budget, [lengths, budgets]."""
+        n = max(self.steps, 1)
+        tokens = 1.0 + self.accepted[:, 1:] / n
+        return tokens / (self.overhead + self.curve.times(1 + self.nodes[:, 1:] / n))
+
     def best(self) -> BudgetChoice:
-        rates = np.array([[self.rate(b, n)[1] for b in range(1, self.max_budget + 1)] for n in self.lengths])
+        rates = self.rates()
         i, j = np.unravel_index(int(np.argmax(rates)), rates.shape)   # ties: the shorter branch, the smaller tree
         length, drafting = int(self.lengths[i]), 1 + int(j)
         plain = 1.0 / self.curve.time(1)

@@ -195,7 +195,7 @@ class DraftHead(nn.Module):
     def _input(self, features: torch.Tensor, embeds: torch.Tensor):
         if self.config.standardize_features:
             features = (features - self.feature_mean.to(features.dtype)) / self.feature_std.to(features.dtype)
-        g = self.fc(features.to(self.fc.weight.dtype))
+        g = self.fc(features.to(self.mask_embed.dtype))   # (fc may be an int8 module: no .weight)
         x = torch.cat([self.embed_norm(embeds.to(g.dtype)), self.feature_norm(g)], dim=-1)
         return x, g
 

@@ -19,6 +19,7 @@ import torch
 from .budget import AutoBudget
 from .context_ngram import ContextNGram
 from .draft_head import DraftCache, DraftHead
+from .draft_kernels import int8_copy, int8_supported
 from .errors import ConfigError
 from .methods import DART, DART_PLD, PLD, VANILLA
 from .ngram import NGramModel
@@ -103,7 +104,9 @@ class Drafter:
 class HeadDrafter(Drafter):
     """The trained (or random) DART head fed with the target's features and embeddings."""
 
-    def __init__(self, head: DraftHead, target):
+    def __init__(self, head: DraftHead, target, int8: bool = False):
+        """int8: draft with an int8 copy of the head (dart_core.draft_kernels; the set-up code measures whether it
+        is faster here). The emitted tokens do not depend on it: the target verifies every draft."""
         head.check_target(target)
         self.head = head.to(device=target.device)
         self.target = target
@@ -112,7 +115,13 @@ class HeadDrafter(Drafter):
         weight = target.lm_head.weight
         self.out_weight = None if head.lm_head is not None else (
             weight if head.d2t is None else weight[head.d2t.to(weight.device)])
-        self.output = PackedLinear(head.lm_head) if onednn_applies(head.lm_head, target.hardware) else None
+        self.output, self.int8 = None, int8
+        if int8:
+            if (why := int8_supported(target.hardware, head)) is not None:
+                raise ConfigError(f"an int8 draft head cannot run here: {why}")
+            self.head = int8_copy(self.head)
+        elif onednn_applies(head.lm_head, target.hardware):
+            self.output = PackedLinear(head.lm_head)
 
     def reset(self):
         self.cache = DraftCache()
@@ -127,7 +136,7 @@ class HeadDrafter(Drafter):
         return self.head(new_features, embeds, self.cache, self.out_weight, self.output)[: self.n_rows]
 
     def target_ids(self, draft_ids):
-        return self.head.target_ids(draft_ids.to(self.head.fc.weight.device))
+        return self.head.target_ids(draft_ids.to(self.head.mask_embed.device))
 
 
 class DartProposer(Proposer):

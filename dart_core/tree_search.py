@@ -26,6 +26,8 @@ FATES = (KEPT, NODE_BUDGET, LOW_NGRAM)
 # ends in EOS, or at the last level (nothing to extend into).
 EXPANDED, BEAM_CUT, EOS_END, LAST_LEVEL = "expanded", "beam_cut", "eos", "last_level"
 BEAM_STATES = (EXPANDED, BEAM_CUT, EOS_END, LAST_LEVEL)
+_FATE_CODE, _BEAM_CODE = ({name: i for i, name in enumerate(names)} for names in (FATES, BEAM_STATES))
+_FATE_NAMES, _BEAM_NAMES = (np.asarray(names, dtype=object) for names in (FATES, BEAM_STATES))
 
 
 @dataclass
@@ -163,16 +165,17 @@ def search(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], 
 
         flat_score = score.ravel()
         flat_tok = tok.ravel()
-        is_eos = np.isin(flat_tok, eos)
+        is_eos = np.tile((rows_tokens[level, :k, None] == eos[None, :]).any(1), B)  # every beam shares the row
         # Next beam: best non-EOS sequences (ties keep the earlier, i.e. higher-ranked parent / token).
         order = np.lexsort((-flat_score, is_eos))
         n_next = min(cfg.beam_width, int((~is_eos).sum())) if level < levels - 1 else 0
         survivors = order[:n_next]
-        beam_state = np.full(B * k, BEAM_CUT, dtype=object)
-        beam_state[is_eos] = EOS_END
+        # as indices into BEAM_STATES while searching (object arrays are slow to fill), named once at the end
+        beam_state = np.full(B * k, _BEAM_CODE[BEAM_CUT], dtype=np.int8)
+        beam_state[is_eos] = _BEAM_CODE[EOS_END]
         if level == levels - 1:
-            beam_state[:] = LAST_LEVEL
-        beam_state[survivors] = EXPANDED
+            beam_state[:] = _BEAM_CODE[LAST_LEVEL]
+        beam_state[survivors] = _BEAM_CODE[EXPANDED]
 
         cols["token"].append(flat_tok)
         cols["level"].append(np.full(B * k, level, dtype=np.int32))
@@ -198,7 +201,7 @@ def search(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], 
             break
 
     if offset == 0:
-        empty = {name: np.zeros(0) for name in cols}
+        empty = {name: np.zeros(0, dtype=np.int8 if name == "beam" else np.float64) for name in cols}
         cand = _make_candidates(empty, np.zeros(0, dtype=np.int64), 0)
         return SearchResult(TokenTree([int(context[-1])], [-1]), cand, np.zeros(0, dtype=np.int64))
 
@@ -216,8 +219,8 @@ def _make_candidates(table: dict, kept: np.ndarray, budget: int) -> Candidates:
     n = len(table["token"])
     node = np.full(n, -1, dtype=np.int32)
     node[kept] = np.arange(1, len(kept) + 1, dtype=np.int32)
-    fate = np.full(n, NODE_BUDGET, dtype=object)
-    fate[kept] = KEPT
+    fate = np.full(n, _FATE_CODE[NODE_BUDGET], dtype=np.int8)
+    fate[kept] = _FATE_CODE[KEPT]
     if len(kept) and len(kept) == budget:
         # A pruned candidate is "low_ngram" when its parent is in the tree and its score without the n-gram
         # penalty for an unseen continuation would have cleared the cut.
@@ -226,14 +229,14 @@ def _make_candidates(table: dict, kept: np.ndarray, budget: int) -> Candidates:
         parent_in_tree = (parent < 0) | (node[np.maximum(parent, 0)] > 0)
         without_ngram = table["score"] - table["level_weight"] * table["ngram_term"]
         low = ((node < 0) & parent_in_tree & (table["ngram_match"] == 0) & (without_ngram >= cutoff))
-        fate[low] = LOW_NGRAM
+        fate[low] = _FATE_CODE[LOW_NGRAM]
     return Candidates(
         token=table["token"].astype(np.int64), level=table["level"].astype(np.int32),
         parent=table["parent"].astype(np.int32), draft_prob=table["draft_prob"].astype(np.float64),
         logit_term=table["logit_term"].astype(np.float64), ngram_prob=table["ngram_prob"].astype(np.float64),
         ngram_match=table["ngram_match"].astype(np.int8), ngram_term=table["ngram_term"].astype(np.float64),
         level_weight=table["level_weight"].astype(np.float64), score=table["score"].astype(np.float64),
-        fate=fate, beam=np.asarray(table["beam"], dtype=object), node=node)
+        fate=_FATE_NAMES[fate], beam=_BEAM_NAMES[table["beam"]], node=node)
 
 
 def _tree_from_kept(root: int, token: np.ndarray, parent: np.ndarray, kept: np.ndarray) -> TokenTree:

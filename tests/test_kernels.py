@@ -102,6 +102,7 @@ def test_cost_curve_interpolates_and_is_cached_per_machine(tmp_path, monkeypatch
     curve = CostCurve((1, 2, 4), (0.010, 0.012, 0.020))
     assert curve.time(3) == pytest.approx(0.016) and curve.time(8) == pytest.approx(0.036)
     assert curve.relative(4) == pytest.approx(2.0) and curve.time(1) == 0.010
+    assert curve.times([0.5, 1, 1.5, 3, 8]) == pytest.approx([0.010, 0.010, 0.011, 0.016, 0.036])   # at once
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     target = tiny_target("llama", seed=6)
     calls = []

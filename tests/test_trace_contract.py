@@ -14,6 +14,7 @@ from app.engine import Engine
 from app.lanes import REPLAY
 from app.session import Session
 from dart_core.methods import METHODS, uses_head
+from dart_core.setup.defaults import LOOKUP_LONGEST
 from dart_core.tools import generate
 from dart_core.tools.cli import main
 from dart_core.trace import Trace
@@ -46,12 +47,18 @@ def test_cli_traces_record_one_vocabulary_and_typed_settings(cli_traces):
         trace = Trace.load(path)
         assert trace.method == method
         s = trace.settings
-        assert s.model == "default" and s.dtype == "fp32" and s.stop_ids and s.max_new_tokens == 24
+        assert s.model == "default" and s.stop_ids and s.max_new_tokens == 24
+        # --dtype auto, the default: the dtype measured fastest here, with its reason
+        assert s.dtype == s.machine["dtype_choice"]["dtype"] and s.machine["dtype_choice"]["reason"]
         assert (s.search is not None) == uses_head(method) and (s.draft is not None) == uses_head(method)
-        assert (s.lookup_tokens == 5) == (method == "dart_pld")
         assert s.auto_budget == uses_head(method)             # the default: a budget sized to this machine
+        # dart_pld looks its branch up at the longest and grafts the length chosen with the budget
+        assert (s.lookup_tokens == LOOKUP_LONGEST) == (method == "dart_pld")
         if uses_head(method):
             assert all(step.budget["auto"] and 0 <= step.budget["nodes"] <= 60 for step in trace.steps[1:])
+            assert all((0 <= step.budget.get("lookup", -1) <= LOOKUP_LONGEST) == (method == "dart_pld")
+                       for step in trace.steps[1:])
+            assert s.machine["draft_kernels"]["reason"]
         assert all(t in trace.token_text for t in trace.mentioned_tokens())   # replayable with no tokenizer
         outputs[method] = trace.output_ids
     assert len({tuple(o) for o in outputs.values()}) == 1                    # greedy: all lossless

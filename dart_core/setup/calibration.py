@@ -14,11 +14,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from ..draft_kernels import int8_copy, int8_supported, time_head
+from ..errors import ConfigError
 from ..hardware import Hardware
-from ..kernels import KernelPlan, decoder_linears, measure_plan, shape_key
-from ..target import TargetModel
+from ..kernels import KernelPlan, PackedLinear, decoder_linears, measure_plan, shape_key
+from ..target import TargetModel, onednn_applies
 from ..tree import TokenTree
 from .defaults import cache_root
 from .files import write_atomic
@@ -37,14 +40,15 @@ class CostCurve:
 
     def time(self, k: int) -> float:
         """t(k), linear between the measured sizes (and beyond the largest, along its last segment)."""
-        rows, secs = self.rows, self.seconds
-        if k <= rows[0]:
-            return secs[0]
-        for (a, ta), (b, tb) in zip(zip(rows, secs), zip(rows[1:], secs[1:])):
-            if k <= b:
-                return ta + (tb - ta) * (k - a) / (b - a)
-        (a, ta), (b, tb) = (rows[-2], secs[-2]), (rows[-1], secs[-1])
-        return tb + (tb - ta) * (k - b) / (b - a)
+        return float(self.times(k))
+
+    def times(self, k) -> np.ndarray:
+        """`time` over an array of sizes at once (the automatic budget weighs hundreds of trees per choice)."""
+        k = np.asarray(k, dtype=np.float64)
+        rows, secs = np.asarray(self.rows, dtype=np.float64), np.asarray(self.seconds)
+        inside = np.interp(k, rows, secs)
+        slope = (secs[-1] - secs[-2]) / (rows[-1] - rows[-2])
+        return np.where(k > rows[-1], secs[-1] + slope * (k - rows[-1]), inside)
 
     def relative(self, k: int) -> float:
         """t(k) / t(1): what a verify of k tokens costs in one-token forwards."""
@@ -137,3 +141,39 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
             "kernels": target.fast_linears.summary() if target.fast_linears is not None else None,
             "dtype": str(target.dtype).removeprefix("torch."), "dtype_choice": target.dtype_choice,
             "cost_curve": cost_curve(target, model_name).to_dict() if with_curve else None}
+
+
+INT8_MARGIN = 0.9      # an int8 draft head must take at most this share of the fp32 head's time
+
+
+def draft_int8_choice(head, target: TargetModel, mode: str = "auto", recalibrate: bool = False) -> dict:
+    """Whether DART drafts with an int8 copy of `head` here (dart_core.draft_kernels): 'on', 'off', or 'auto' (where
+    it measures faster: one drafting step of each, cached per machine and head shapes). Returns {"int8", "reason"}
+    and, when measured, "seconds" {"fp32", "int8"}."""
+    if mode not in ("auto", "on", "off"):
+        raise ConfigError(f"--draft-int8 takes auto, on or off, got {mode!r}")
+    if mode == "off":
+        return {"int8": False, "reason": "off (--draft-int8 off)"}
+    why = int8_supported(target.hardware, head)
+    if why is not None:
+        if mode == "on":
+            raise ConfigError(f"--draft-int8 on: {why}")
+        return {"int8": False, "reason": why}
+    if mode == "on":
+        return {"int8": True, "reason": "on (--draft-int8 on)"}
+    c, hw = head.config, target.hardware
+    ident = json.dumps([FORMAT, "draft", hw.name, hw.capability, hw.threads, torch.__version__, c.hidden_size,
+                        c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.out_vocab, c.n_mask,
+                        head.lm_head is None])
+    name = f"draft-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+
+    def measure():
+        output = PackedLinear(head.lm_head) if onednn_applies(head.lm_head, hw) else None
+        return {"fp32": time_head(head, output), "int8": time_head(int8_copy(head))}
+
+    def read(seconds):
+        faster = seconds["int8"] <= INT8_MARGIN * seconds["fp32"]
+        said = f"a drafting step {seconds['int8'] * 1e3:.1f} ms in int8, {seconds['fp32'] * 1e3:.1f} ms in fp32"
+        return {"int8": faster, "reason": ("int8: faster here, " if faster else "fp32: int8 is not faster here, ")
+                + said, "seconds": seconds}
+    return cached(name, recalibrate, measure, read, lambda seconds: seconds, "the draft head's kernels")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -25,7 +26,7 @@ from ..proposers import DartProposer, HeadDrafter, PromptLookupProposer, Propose
 from ..target import TargetModel
 from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
-from .calibration import cost_curve, kernel_plan, machine_record
+from .calibration import cost_curve, draft_int8_choice, kernel_plan, machine_record
 from .dtype_choice import AUTO, choose_cpu_dtype, choose_gpu_dtype
 from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_LONGEST, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
 from .hub import fetch, is_hub_id
@@ -132,8 +133,9 @@ def check_ngram_fits(table, target: TargetModel) -> None:
 def build_proposer(method: str, target: TargetModel, head: DraftHead | None = None, table: NGramModel | None = None,
                    search_config: SearchConfig | None = None, pld_tokens: int = PLD_TOKENS, pld_ngram: int = PLD_NGRAM,
                    context_weight: float = 0.0, lookup_tokens: int | None = None,
-                   auto_budget: AutoBudget | None = None) -> Proposer:
+                   auto_budget: AutoBudget | None = None, draft_int8: bool = False) -> Proposer:
     """A proposer from pieces already loaded (the app loads them once and builds a proposer per run).
+    draft_int8: DART drafts with an int8 copy of the head (see draft_int8_choice).
     context_weight > 0 adds the prompt's and the output's own n-grams to the table (ContextNGram);
     lookup_tokens is the length of dart_pld's prompt-lookup branch (None: chosen with an automatic budget, else
     LOOKUP_TOKENS)."""
@@ -153,8 +155,8 @@ def build_proposer(method: str, target: TargetModel, head: DraftHead | None = No
                 auto_budget.choose_lookup(range(LOOKUP_LONGEST + 1), start=LOOKUP_TOKENS)
             lookup = PromptLookupProposer(max_ngram=pld_ngram,
                                           num_tokens=looked_up_tokens(method, lookup_tokens, auto_budget is not None))
-        return DartProposer(HeadDrafter(head, target), search_config, table, eos_ids=stop_ids(target), lookup=lookup,
-                            auto_budget=auto_budget)
+        return DartProposer(HeadDrafter(head, target, int8=draft_int8), search_config, table, eos_ids=stop_ids(target),
+                            lookup=lookup, auto_budget=auto_budget)
     raise SetupError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
 
 
@@ -169,12 +171,14 @@ def looked_up_tokens(method: str, lookup_tokens: int | None, auto: bool) -> int 
 def make_proposer(method: str, target: TargetModel, draft: str | None = "default", ngram: str | None = "default",
                   search_config: SearchConfig | None = None, pld_tokens: int = PLD_TOKENS, pld_ngram: int = PLD_NGRAM,
                   context_weight: float = 0.0, lookup_tokens: int | None = None,
-                  auto_budget: AutoBudget | None = None) -> Proposer:
-    """Load what `method` needs (draft head, n-gram table) by name and build its proposer."""
+                  auto_budget: AutoBudget | None = None, draft_int8: str = "off") -> Proposer:
+    """Load what `method` needs (draft head, n-gram table) by name and build its proposer (draft_int8: 'auto',
+    'on' or 'off', see draft_int8_choice)."""
     head = load_draft(draft, target) if uses_head(method) else None
     table = load_ngram(ngram, target.vocab_size) if uses_head(method) else None
+    int8 = head is not None and draft_int8_choice(head, target, draft_int8)["int8"]
     return build_proposer(method, target, head, table, search_config, pld_tokens, pld_ngram, context_weight,
-                          lookup_tokens, auto_budget)
+                          lookup_tokens, auto_budget, int8)
 
 
 def auto_budget(target: TargetModel, model_name: str, search: SearchConfig, recalibrate: bool = False) -> AutoBudget:
@@ -195,10 +199,16 @@ class Loaded:
     ngram: str | None = None
     device: str = "cpu"
     dtype: str = "fp32"
+    draft_int8: str = "auto"          # 'auto', 'on' or 'off': whether DART drafts with an int8 copy of the head
 
     @property
     def stop_ids(self) -> frozenset[int]:
         return stop_ids(self.target)
+
+    @cached_property
+    def draft_choice(self) -> dict | None:
+        """Whether the head drafts in int8 here, and why (None without a head)."""
+        return draft_int8_choice(self.head, self.target, self.draft_int8) if self.head is not None else None
 
     def proposer(self, method: str, search: SearchConfig | None = None, lookup_tokens: int | None = None,
                  context_weight: float = 0.0, auto: bool = False, recalibrate: bool = False) -> Proposer:
@@ -206,7 +216,8 @@ class Loaded:
         budget = auto_budget(self.target, self.model, search or SearchConfig(), recalibrate) \
             if auto and uses_head(method) else None
         return build_proposer(method, self.target, self.head, self.table, search, context_weight=context_weight,
-                              lookup_tokens=lookup_tokens, auto_budget=budget)
+                              lookup_tokens=lookup_tokens, auto_budget=budget,
+                              draft_int8=bool(uses_head(method) and self.draft_choice["int8"]))
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt_text: str, sampling: SamplingConfig,
                   search: SearchConfig | None, max_new_tokens: int, lookup_tokens: int | None = None,
@@ -219,14 +230,16 @@ class Loaded:
             max_new_tokens=max_new_tokens, stop_ids=sorted(self.stop_ids),
             lookup_tokens=looked_up_tokens(method, lookup_tokens, auto and head),
             ngram_context_weight=context_weight if head else 0.0, auto_budget=auto and head,
-            machine=machine_record(self.target, self.model, with_curve=auto and head))
+            machine={**machine_record(self.target, self.model, with_curve=auto and head),
+                     **({"draft_kernels": self.draft_choice} if head else {})})
         trace = Trace(method=method, prompt_ids=list(prompt_ids), prompt_text=prompt_text, settings=settings)
         trace.name_tokens(self.target.tokenizer, prompt_ids)
         return trace
 
 
 def load(model: str = DEFAULT_MODEL, draft: str | None = "default", ngram: str | None = "default",
-         device: str = "cpu", dtype: str = AUTO, with_head: bool = True, recalibrate: bool = False) -> Loaded:
+         device: str = "cpu", dtype: str = AUTO, with_head: bool = True, recalibrate: bool = False,
+         draft_int8: str = "auto") -> Loaded:
     """Load the target and, with_head, the draft head and the n-gram table, all by name."""
     target = load_target(model, device, dtype, recalibrate)
     dtype = dtype_name(target)
@@ -234,4 +247,6 @@ def load(model: str = DEFAULT_MODEL, draft: str | None = "default", ngram: str |
         return Loaded(target, model=model, device=device, dtype=dtype)
     head, table = load_draft(draft, target), load_ngram(ngram, target.vocab_size)
     check_ngram_fits(table, target)
-    return Loaded(target, head, table, model, draft, ngram, device, dtype)
+    if recalibrate and head is not None:   # measured again now; Loaded.draft_choice reads it back
+        draft_int8_choice(head, target, draft_int8, recalibrate=True)
+    return Loaded(target, head, table, model, draft, ngram, device, dtype, draft_int8)

@@ -12,6 +12,8 @@ from ..setup.hub import HUB_ENV, PRESETS, allow_hub, expand_preset
 from ..tree_search import SearchConfig
 
 DTYPE_CHOICES = ["auto", "fp32", "bf16", "fp16", "float32", "bfloat16", "float16"]
+DRAFT_INT8_HELP = ("DART drafts with an int8 copy of its head: 'auto' (the default) where that measures faster on this "
+                   "CPU; the emitted tokens never depend on it (the target verifies every draft)")
 DTYPE_HELP = ("'auto' (the default): the dtype measured fastest on this machine (bf16 only where it beats fp32; the "
               "choice and why are in --json); or fp32, bf16, fp16")
 
@@ -42,6 +44,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hub", action="store_true", help=HUB_HELP)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
+    p.add_argument("--draft-int8", default="auto", choices=["auto", "on", "off"], help=DRAFT_INT8_HELP)
     p.add_argument("--recalibrate", action="store_true",
                    help="measure this machine's kernels and verify cost curve again (they are cached per machine)")
 

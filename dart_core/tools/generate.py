@@ -50,7 +50,7 @@ def cmd_generate(args) -> int:
         check_writable(args.trace)   # before minutes of decoding, not after
     auto = auto_budget_from(args)
     loaded = load(args.model, args.draft, args.ngram, args.device, args.dtype, with_head=uses_head(args.method),
-                  recalibrate=args.recalibrate)
+                  recalibrate=args.recalibrate, draft_int8=args.draft_int8)
     target = loaded.target
     gen_cfg.stop_ids = loaded.stop_ids
     proposer = loaded.proposer(args.method, search_cfg, args.lookup_tokens, args.ngram_context_weight, auto,
@@ -73,6 +73,7 @@ def cmd_generate(args) -> int:
               "tau": round(metrics.tau, 4), "tokens_per_s": round(metrics.tokens_per_s, 3),
               "stop_reason": trace.steps[-1].stop_reason, "metrics": figures,
               "hardware": target.hardware.to_dict(), "dtype": loaded.dtype, "dtype_choice": target.dtype_choice,
+              "draft_kernels": loaded.draft_choice,
               "kernels": target.fast_linears.summary() if target.fast_linears else None,
               "node_budget": budget_summary(trace, figures["node_budgets"])}
     if args.json:

@@ -63,9 +63,13 @@ def decode_dtype(plan: BenchPlan, dtype: str, progress: Progress, runs_file: Run
         return auto_budget(target, plan.model, plan.search) if plan.auto_budget and uses_head(method) else None
 
     proposers = {m: make_proposer(m, target, plan.draft, plan.ngram, plan.search, plan.pld_tokens, plan.pld_ngram,
-                                  plan.ngram_context_weight, plan.lookup_tokens, budget(m))
+                                  plan.ngram_context_weight, plan.lookup_tokens, budget(m), plan.draft_int8)
                  for m in plan.methods if not is_hf(m)}
-    progress.environment.setdefault("machine", {})[dtype] = machine_record(target, plan.model, plan.auto_budget)
+    machine = machine_record(target, plan.model, plan.auto_budget)
+    drafters = [p.drafter for p in proposers.values() if hasattr(p, "drafter")]
+    if drafters:   # how DART drafted here (the choice is measured once per machine and cached)
+        machine["draft_kernels"] = "int8" if getattr(drafters[0], "int8", False) else "fp32"
+    progress.environment.setdefault("machine", {})[dtype] = machine
     progress.prompts = fitting_prompts(plan, target, progress.prompts, runs_file)
     progress.environment.setdefault("target", {"vocab_size": target.vocab_size, "layers": target.num_layers,
                                                "hidden_size": target.hidden_size, "stop_ids": sorted(stops)})

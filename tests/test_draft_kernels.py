@@ -1,0 +1,109 @@
+"""The int8 draft head: it drafts nearly the rows the fp32 head drafts, the emitted tokens never depend on it (greedy
+identical to plain decoding, sampling through the statistical test), it runs only where it can, and `auto` takes it
+only where it measures faster."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dart_core.acceptance import SamplingConfig
+from dart_core.decoding import GenerationConfig, run
+from dart_core.draft_head import DraftCache
+from dart_core.draft_kernels import int8_copy, int8_supported
+from dart_core.errors import ConfigError
+from dart_core.proposers import DartProposer, HeadDrafter
+from dart_core.setup import calibration
+from dart_core.setup.calibration import draft_int8_choice
+from dart_core.target import TargetModel
+from dart_core.tree_search import SearchConfig
+from tests.sampling_stats import chi2_pvalue, exact_joint, sample_through_the_loop
+from tests.tiny import plain_greedy_reference, random_head, tiny_target
+
+needs_int8 = pytest.mark.skipif(int8_supported(tiny_target("llama").hardware,
+                                               random_head(tiny_target("llama"))) is not None,
+                                reason="this torch build has no quantized engine")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("llama", seed=3)
+
+
+@needs_int8
+def test_the_int8_copy_drafts_nearly_the_same_rows_and_leaves_the_head_alone(target):
+    head = random_head(target, n_mask=3, seed=1, tie_output=False)   # its own output layer, int8 too
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    small = int8_copy(head)
+    assert small is not head and int8_copy(head) is small                  # made once per head
+    assert all(torch.equal(v, head.state_dict()[k]) for k, v in before.items())
+    assert type(small.lm_head).__module__.startswith("torch.ao.nn.quantized")
+    gen = torch.Generator().manual_seed(0)
+    features, embeds = torch.randn(6, 3 * target.hidden_size, generator=gen), torch.randn(6, target.hidden_size,
+                                                                                       generator=gen)
+    with torch.inference_mode():
+        exact = head(features, embeds, DraftCache())
+        approx = small(features, embeds, DraftCache())
+    assert approx.shape == exact.shape
+    assert torch.corrcoef(torch.stack([exact.flatten(), approx.flatten()]))[0, 1] > 0.99
+    assert (exact.argmax(-1) == approx.argmax(-1)).float().mean() >= 0.75
+    with torch.no_grad():
+        head.lm_head.weight.mul_(2.0)                                       # the head changed: copied again
+    assert int8_copy(head) is not small
+
+
+@needs_int8
+def test_greedy_output_does_not_depend_on_the_draft_kernels(target, one_thread):
+    head = random_head(target, n_mask=3, seed=2, tie_output=False)
+    for prompt in ([1, 5, 9, 13, 17], [1, 40, 41, 42, 40, 41, 42, 40]):
+        reference = plain_greedy_reference(target, prompt, 24)
+        for int8 in (False, True):
+            dart = DartProposer(HeadDrafter(head, target, int8=int8), SearchConfig(node_budget=8))
+            trace = run(target, dart, prompt, GenerationConfig(max_new_tokens=24))
+            assert trace.output_ids == reference, int8
+
+
+@needs_int8
+def test_sampling_with_an_int8_head_matches_the_target_distribution(one_thread):
+    target = tiny_target("llama", vocab=8, hidden=32, layers=2, seed=11)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.4)   # several tokens carry real probability
+    sampling = SamplingConfig(temperature=1.0, top_p=0.95, top_k=3)
+    prompt, n_tokens, n_runs = [3, 5, 7], 4, 400
+    joint = exact_joint(target, prompt, sampling, n_tokens)
+    dart = DartProposer(HeadDrafter(random_head(target, n_mask=1, seed=4, tie_output=False), target, int8=True),
+                        SearchConfig(topk=3, beam_width=3, node_budget=6))
+    stats = sample_through_the_loop(target, dart, prompt, sampling, n_tokens, n_runs)
+    assert stats["accepted"] > n_runs / 4 and all(out in joint for out in stats["outputs"])
+    assert chi2_pvalue(stats["outputs"], joint) > 1e-3
+
+
+def test_int8_runs_only_where_it_can(target):
+    head = random_head(target)
+    assert int8_supported(target.hardware, head.to(torch.bfloat16)) is not None   # starts from fp32 only
+    cuda = type(target.hardware)(device="cuda:0")
+    assert "CPUs only" in int8_supported(cuda, random_head(target))
+    bf16 = TargetModel(tiny_target("llama", seed=3).model.to(torch.bfloat16))
+    with pytest.raises(ConfigError, match="int8 draft head cannot run here: int8 quantization starts from an fp32"):
+        HeadDrafter(random_head(target).to(torch.bfloat16), bf16, int8=True)
+
+
+def test_auto_takes_int8_only_where_it_measures_faster(target, tmp_path, monkeypatch):
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+    head = random_head(target, n_mask=3)
+    assert draft_int8_choice(head, target, "off") == {"int8": False, "reason": "off (--draft-int8 off)"}
+    with pytest.raises(ConfigError, match="auto, on or off"):
+        draft_int8_choice(head, target, "maybe")
+    if int8_supported(target.hardware, head) is not None:
+        with pytest.raises(ConfigError, match="--draft-int8 on"):
+            draft_int8_choice(head, target, "on")
+        assert draft_int8_choice(head, target, "auto")["int8"] is False
+        return
+    assert draft_int8_choice(head, target, "on")["int8"] is True
+    times = iter([0.010, 0.004])     # fp32, then int8: int8 wins
+    monkeypatch.setattr(calibration, "time_head", lambda h, output=None: next(times))
+    choice = draft_int8_choice(head, target, "auto")
+    assert choice["int8"] and choice["reason"].startswith("int8: faster here, a drafting step 4.0 ms in int8")
+    assert draft_int8_choice(head, target, "auto") == choice                 # cached: measured once
+    times = iter([0.010, 0.0095])    # measured again: int8 barely faster, not enough
+    assert draft_int8_choice(head, target, "auto", recalibrate=True)["int8"] is False
