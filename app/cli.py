@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hub", action="store_true", help=HUB_HELP)
     p.add_argument("--thinking", action="store_true", help=THINKING_HELP)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"], help=DTYPE_HELP)
+    p.add_argument("--dtype", default="auto", choices=["auto", "fast", "fp32", "bf16", "fp16"], help=DTYPE_HELP)
     p.add_argument("--draft-int8", default="auto", choices=["auto", "on", "off"], help=DRAFT_INT8_HELP)
     p.add_argument("--replay", action="store_true", help="load no model: only explore saved traces")
     p.add_argument("--trace", action="append", default=[], metavar="FILE",

@@ -6,6 +6,8 @@ Everything per user lives in `app.session.Session` (in a `gr.State`), never here
 
 from __future__ import annotations
 
+import re
+
 import threading
 from dataclasses import dataclass, field
 
@@ -89,7 +91,8 @@ class Engine:
         """What is loaded, for the page header."""
         s = self.loaded
         choice = self.target.dtype_choice
-        dtype = f"{s.dtype} (auto: {choice['reason'].split(': ', 1)[1]})" if choice else s.dtype
+        why = re.split(r" \(|; ", choice["reason"].split(": ", 1)[1])[0] if choice else ""
+        dtype = f"{s.dtype} ({why})" if choice else s.dtype
         head = f"{s.draft}, drafting in int8" if s.draft_choice and s.draft_choice["int8"] else s.draft
         return (f"Model: {s.model} · draft head: {head} · n-gram: {s.ngram} · {dtype} · "
                 f"{self.target.hardware.describe()}")

@@ -1,5 +1,6 @@
-"""`--dtype auto`: bf16 only where it measures faster than fp32 at one row and at a verify's rows, the choice cached
-per machine and reported with its reason, and decoding lossless in whichever dtype it picks."""
+"""The dtype: `--dtype auto` is the lossless fp32; `--dtype fast` takes bf16 only where it measures faster than fp32
+at one row and at a verify's rows, the choice cached per machine and reported with its reason; greedy DART stays
+token-identical to plain decoding in fp32, and the bench's default list adds bf16 only where it is faster."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dart_core.setup import dtype_choice
 from dart_core.setup.calibration import machine_record
 from dart_core.setup.dtype_choice import BF16_MARGIN, choose_cpu_dtype, decide
 from dart_core.setup.loading import dtype_name, load_target
+from dart_core.tools.bench import parse_dtypes
 from dart_core.tree_search import SearchConfig
 from tests.test_chat import PLAIN_TEMPLATE, qwen_style_tokenizer
 from tests.tiny import OracleDrafter, tiny_target
@@ -60,20 +62,29 @@ def test_the_choice_is_cached_per_machine(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("measured", ["fp32", "bf16"])
-def test_auto_loads_the_chosen_dtype_and_stays_lossless(measured, tmp_path, monkeypatch, one_thread):
+def test_fast_loads_the_measured_dtype_and_auto_the_lossless_one(measured, tmp_path, monkeypatch, one_thread):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
     folder = tmp_path / "model"
     tiny_target("llama").model.save_pretrained(folder)
     qwen_style_tokenizer(PLAIN_TEMPLATE).save_pretrained(folder)   # any tokenizer: loading needs one
     fast = times((1.0, 2.0), (0.5, 1.0)) if measured == "bf16" else times((1.0, 2.0), (0.5, 5.0))
     monkeypatch.setattr(dtype_choice, "measure_dtypes", lambda linears, hardware: fast)
-    target = load_target(str(folder), "cpu", "auto")
+    target = load_target(str(folder), "cpu", "fast")
     assert dtype_name(target) == measured and target.dtype_choice["dtype"] == measured
     assert all(p.dtype == target.dtype for p in target.model.parameters())
     assert machine_record(target, str(folder))["dtype_choice"]["reason"].startswith(measured)
     prompt = [1, 5, 9, 13, 17, 5, 9]
-    plain = run(target, VanillaProposer(), prompt, GenerationConfig(max_new_tokens=16)).output_ids
-    dart = run(target, DartProposer(OracleDrafter(target, n_rows=3), SearchConfig(node_budget=6)), prompt,
+    assert load_target(str(folder), "cpu", "fp32").dtype_choice is None     # an explicit dtype is not second-guessed
+    lossless = load_target(str(folder), "cpu", "auto")                      # whatever was measured: fp32
+    assert dtype_name(lossless) == "fp32" and "token-identical" in lossless.dtype_choice["reason"]
+    plain = run(lossless, VanillaProposer(), prompt, GenerationConfig(max_new_tokens=16)).output_ids
+    dart = run(lossless, DartProposer(OracleDrafter(lossless, n_rows=3), SearchConfig(node_budget=6)), prompt,
                GenerationConfig(max_new_tokens=16)).output_ids
     assert dart == plain
-    assert load_target(str(folder), "cpu", "fp32").dtype_choice is None     # an explicit dtype is not second-guessed
+
+
+def test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster():
+    slower, faster = decide(times((1.0, 2.0), (0.5, 5.0))), decide(times((1.0, 2.0), (0.5, 1.0)))
+    assert parse_dtypes("auto", lambda: slower) == ["fp32"]
+    assert parse_dtypes("auto", lambda: faster) == ["fp32", "bf16"]
+    assert parse_dtypes("bf16,fp32", lambda: pytest.fail("an explicit list measures nothing")) == ["bf16", "fp32"]

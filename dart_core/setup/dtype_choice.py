@@ -1,15 +1,17 @@
-"""`--dtype auto`: the fastest dtype on this machine, measured rather than assumed.
+"""The dtype: `--dtype auto` (the default) is lossless, `--dtype fast` is the fastest measured here.
 
-On a CPU, bf16 halves the bytes every forward reads, but only a CPU with native bf16 instructions (AVX-512 BF16,
-AMX) computes it fast; elsewhere torch converts on the fly. On the 2-core AVX2 EPYC the model's decoder linears
-took 15 ms in bf16 against 27 ms in fp32 for one row, and 101 against 40 ms for 8 rows: plain decoding would gain,
-a DART verify would lose. So the choice times one pass over the model's decoder linears in both dtypes, at one row
-(a plain step) and at eight (a verify), each on its fastest kernel here (`kernels.measure_dtypes`, under a second
-for SmolLM2-135M, cached per machine), and takes bf16 only where it wins both by BF16_MARGIN. On a GPU, bf16 where
-the GPU supports it (its tensor cores), else fp16.
+Lossless means DART's greedy output is token-identical to plain decoding. In bf16 and fp16 it is not, on CPUs and
+GPUs alike: a tree verified in one k-token forward rounds differently from k one-token forwards (on an AMX Xeon, bf16
+DART was identical to plain bf16 decoding on 91 of 244 prompts). So `auto` is fp32 everywhere, with that reason.
 
-Greedy decoding is lossless in each dtype (DART gives what plain decoding in that dtype gives); bf16 and fp32 are
-different computations, so their outputs may differ from each other.
+`fast` measures. On a CPU, bf16 halves the bytes every forward reads, but only a CPU with native bf16 instructions
+(AVX-512 BF16, AMX) computes it fast; elsewhere torch converts on the fly. On the 2-core AVX2 EPYC the model's decoder
+linears took 19.6 ms in bf16 against 27.3 ms in fp32 for one row, and 124.9 against 34.1 ms for 8 rows: plain
+decoding would gain, a DART verify would lose. So the choice times one pass over the model's decoder linears in both
+dtypes, at one row (a plain step) and at eight (a verify), each on its fastest kernel here
+(`kernels.measure_dtypes`, under a second for SmolLM2-135M, cached per machine), and takes bf16 only where it wins
+both by BF16_MARGIN. On a GPU, bf16 where the GPU supports it, else fp16. The bench's default dtype list is fp32, plus
+bf16 where `fast` takes it.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..hardware import Hardware
+from ..hardware import Hardware, detect
 from ..kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
 from .calibration import cached, model_key
+from .models import load_model_and_tokenizer
 
-AUTO = "auto"
+AUTO, FAST = "auto", "fast"
+LOSSLESS = "fp32"        # the one dtype in which a k-token verify rounds as k one-token forwards do
 BF16_MARGIN = 0.9        # bf16 must take at most this share of fp32's time, at every row count measured
 
 
@@ -54,8 +58,22 @@ def choose_cpu_dtype(model, hardware: Hardware, recalibrate: bool = False) -> Dt
                   decide, lambda seconds: seconds, "the fastest dtype")
 
 
+def lossless_choice() -> DtypeChoice:
+    return DtypeChoice(LOSSLESS, "fp32: the dtype in which DART's greedy output is token-identical to plain decoding "
+                                 "(in bf16 a k-token verify rounds differently from k one-token forwards); --dtype "
+                                 "fast takes the fastest measured here")
+
+
 def choose_gpu_dtype(device: str) -> DtypeChoice:
     index = torch.device(device).index or 0
     if torch.cuda.is_bf16_supported():
         return DtypeChoice("bf16", f"bf16: native on {torch.cuda.get_device_name(index)}")
     return DtypeChoice("fp16", f"fp16: {torch.cuda.get_device_name(index)} has no bf16")
+
+
+def fast_dtype(model: str, device: str) -> DtypeChoice:
+    """`fast` for a model not loaded yet (the bench, deciding its dtype list): loads it in fp32 once to measure."""
+    if device.startswith("cuda"):
+        return choose_gpu_dtype(device)
+    hf_model, _ = load_model_and_tokenizer(model, device=device, dtype="fp32")
+    return choose_cpu_dtype(hf_model, detect(device))

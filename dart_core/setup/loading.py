@@ -27,7 +27,7 @@ from ..target import TargetModel
 from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
 from .calibration import cost_curve, draft_int8_choice, kernel_plan, machine_record
-from .dtype_choice import AUTO, choose_cpu_dtype, choose_gpu_dtype
+from .dtype_choice import AUTO, FAST, choose_cpu_dtype, choose_gpu_dtype, lossless_choice
 from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_LONGEST, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
 from .hub import fetch, is_hub_id
 from .models import DEFAULT_MODEL, ModelLoadError, load_model_and_tokenizer, parse_dtype
@@ -41,16 +41,17 @@ class SetupError(DartError):
 def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AUTO,
                 recalibrate: bool = False) -> TargetModel:
     """The target, with its decoder linears on the kernels measured fastest on this machine (cached per machine;
-    recalibrate measures again). dtype 'auto': the dtype measured fastest here (see dart_core.setup.dtype_choice);
-    the choice and its reason are in `target.dtype_choice`."""
+    recalibrate measures again). dtype 'auto': lossless fp32; 'fast': the dtype measured fastest here (see
+    dart_core.setup.dtype_choice); the choice and its reason are in `target.dtype_choice`."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here")
-    # auto on a GPU is decided before the load; on a CPU it is measured on the model loaded in fp32
-    choice = choose_gpu_dtype(device) if dtype == AUTO and device.startswith("cuda") else None
-    load_as = choice.dtype if choice else "fp32" if dtype == AUTO else dtype
+    # auto is lossless (fp32); fast is decided before the load on a GPU, measured on the fp32 model on a CPU
+    choice = lossless_choice() if dtype == AUTO else choose_gpu_dtype(device) \
+        if dtype == FAST and device.startswith("cuda") else None
+    load_as = choice.dtype if choice else "fp32" if dtype == FAST else dtype
     parse_dtype(load_as)  # a clear error before the slow load
     hf_model, tokenizer = load_model_and_tokenizer(model, device=device, dtype=load_as)
-    if dtype == AUTO and choice is None:
+    if dtype == FAST and choice is None:
         choice = choose_cpu_dtype(hf_model, detect(device), recalibrate)
         hf_model.to(parse_dtype(choice.dtype))
     target = TargetModel(hf_model, tokenizer)

@@ -21,7 +21,14 @@ def parse_methods(value: str) -> list[str]:
     return list(dict.fromkeys(methods))
 
 
-def parse_dtypes(value: str) -> list[str]:
+def parse_dtypes(value: str, fast=None) -> list[str]:
+    """The bench's dtypes. 'auto' (the default): fp32, and bf16 where it measures faster here (`fast()`: the
+    measured choice, dart_core.setup.dtype_choice.fast_dtype)."""
+    if value == "auto":
+        choice = fast()
+        print(f"[bench] dtypes: fp32{', ' + choice.dtype if choice.dtype != 'fp32' else ''} ({choice.reason})",
+              flush=True)
+        return list(dict.fromkeys(["fp32", choice.dtype]))
     dtypes = []
     for d in split_list(value):
         if d not in DTYPE_NAMES:
@@ -66,7 +73,9 @@ def check_numbers(args) -> None:
 def add_bench_args(p) -> None:
     add_model_args(p)
     # --dtype takes a comma list here (the parser resolves the conflict with add_model_args' single choice).
-    p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (the target loads once each)")
+    p.add_argument("--dtype", default="auto",
+                   help="comma list of fp32, bf16, fp16 (the target loads once each); 'auto' (the default): fp32, and "
+                        "bf16 where it measures faster on this machine")
     p.add_argument("--ngram", default="default",
                    help="'default' (the shipped assets/ table, else one built once into the user cache: ~1 min), "
                         "'none', an n-gram .npz or .trie file, or a hub file as repo:file")

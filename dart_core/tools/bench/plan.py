@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ...methods import uses_head
+from ...setup.dtype_choice import fast_dtype
 from ...setup.files import check_writable
 from ...setup.ngram_tables import ensure_default_ngram
 from ...tree_search import SearchConfig
@@ -53,7 +54,7 @@ class BenchPlan:
 
 def plan_from_args(args) -> BenchPlan:
     methods = parse_methods(args.methods)
-    dtypes = parse_dtypes(args.dtype)
+    dtypes = parse_dtypes(args.dtype, lambda: fast_dtype(args.model, args.device))
     temps = parse_temperatures(args.temperature)
     check_numbers(args)
     search = search_config_from(args)
