@@ -82,7 +82,9 @@ def _head_miss(trace: Trace, index: int) -> Miss | None:
         return None
     depth = step.accepted + 1
     accepted = [int(t) for t in step.new_tokens[:step.accepted]]
-    elsewhere = any(step.tree.depths[n] == depth and step.tree.tokens[n] == wanted for n in range(1, len(step.tree)))
+    parent = step.path[-1] if step.path else 0       # the last accepted node: its own child is not "elsewhere"
+    elsewhere = any(step.tree.depths[n] == depth and step.tree.tokens[n] == wanted and step.tree.parents[n] != parent
+                    for n in range(1, len(step.tree)))
     if depth > step.rows_tokens.shape[0]:
         return Miss(index, depth, wanted, BEYOND, elsewhere=elsewhere)
     row = [int(t) for t in step.rows_tokens[depth - 1]]
