@@ -54,7 +54,7 @@ class BenchPlan:
 
 def plan_from_args(args) -> BenchPlan:
     methods = parse_methods(args.methods)
-    dtypes = parse_dtypes(args.dtype, lambda: fast_dtype(args.model, args.device))
+    dtypes = None if args.dtype == "auto" else parse_dtypes(args.dtype)   # auto loads the model: after the checks
     temps = parse_temperatures(args.temperature)
     check_numbers(args)
     search = search_config_from(args)
@@ -66,6 +66,8 @@ def plan_from_args(args) -> BenchPlan:
     prompts, workload_info = load_prompts(workloads, args.prompts, args.limit)
     if not prompts:
         raise CliError("no prompts to run (check --workloads / --prompts)")
+    if dtypes is None:
+        dtypes = parse_dtypes("auto", lambda: fast_dtype(args.model, args.device))
     progress = not args.no_progress
     ngram = args.ngram
     if ngram == "default" and any(uses_head(m) for m in methods):     # only DART reads the table
