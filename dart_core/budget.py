@@ -210,15 +210,17 @@ class AutoBudget:
         """(expected tokens per step, expected tokens per second) under `budget` (and branch length `length`,
         default the current one), from the settled steps."""
         i = int(np.searchsorted(self.lengths, self.lookup_tokens if length is None else length))
-        tokens = 1.0 + self.accepted[i, budget] / max(self.steps, 1)
-        nodes = self.nodes[i, budget] / max(self.steps, 1)
-        return tokens, tokens / (self.overhead + self.curve.time(1 + nodes))
+        tokens, per_s = self._expected(self.accepted[i, budget], self.nodes[i, budget])
+        return float(tokens), float(per_s)
 
     def rates(self) -> np.ndarray:
         """Expected tokens per second for every branch length and budget 1..max_budget, [lengths, budgets]."""
-        n = max(self.steps, 1)
-        tokens = 1.0 + self.accepted[:, 1:] / n
-        return tokens / (self.overhead + self.curve.times(1 + self.nodes[:, 1:] / n))
+        return self._expected(self.accepted[:, 1:], self.nodes[:, 1:])[1]
+
+    def _expected(self, accepted, nodes):
+        """(tokens per step, tokens per second) from summed acceptance and nodes, scalars or arrays alike."""
+        tokens = 1.0 + accepted / max(self.steps, 1)
+        return tokens, tokens / (self.overhead + self.curve.times(1 + nodes / max(self.steps, 1)))
 
     def best(self) -> BudgetChoice:
         rates = self.rates()

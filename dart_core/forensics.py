@@ -149,9 +149,11 @@ class _Settled:
     """A drafted step, with what the target said after its root and what its own tree was made of."""
     index: int
     step: StepRecord
+    context: list[int]         # the committed tokens, ending with the step's root
     future: list[int]          # the target's tokens after the root, as many as any replay can use
     budget: int                # the step's own node budget (the tree is its pool's top `budget`)
     branch: list[int]          # the step's own prompt-lookup branch (empty without one)
+    columns: tuple             # its own pool as accepted_by_budget reads it (token, parent, rank), ranked once
 
 
 def _settled_steps(trace: Trace, lookup: PromptLookupProposer | None) -> list[_Settled]:
@@ -162,8 +164,10 @@ def _settled_steps(trace: Trace, lookup: PromptLookupProposer | None) -> list[_S
     for i, s in enumerate(trace.steps):
         if not _has_pool(s):
             continue
+        context = list(trace.prompt_ids) + output[:starts[i]]
         future = output[starts[i]: starts[i] + max(s.rows_tokens.shape[0], longest)]
-        out.append(_Settled(i, s, future, _own_budget(trace, s), _own_branch(trace, i, lookup)))
+        out.append(_Settled(i, s, context, future, _own_budget(trace, s), _own_branch(trace, s, context, lookup),
+                            _columns(s.candidates)))
     return out
 
 
@@ -175,26 +179,26 @@ def _own_budget(trace: Trace, s: StepRecord) -> int:
     return kept if kept < min(budget, len(s.candidates)) else budget
 
 
-def _own_branch(trace: Trace, index: int, lookup: PromptLookupProposer | None) -> list[int]:
+def _own_branch(trace: Trace, s: StepRecord, context: list[int], lookup: PromptLookupProposer | None) -> list[int]:
     """The step's prompt-lookup branch: looked up again where the run had one (it depends on the context alone), or
     read from the tree's lookup nodes when no lookup is given."""
-    s = trace.steps[index]
     if trace.settings.lookup_tokens is None and not s.lookup_nodes:
         return []
     if lookup is not None:   # an automatic budget grafted the first budget["lookup"] tokens of it
-        branch = lookup.lookup(trace.context_at(index))
+        branch = lookup.lookup(context)
         return branch[:s.budget["lookup"]] if s.budget and "lookup" in s.budget else branch
     return [s.tree.tokens[n] for n in s.tree.path_to(max(s.lookup_nodes))[1:]] if s.lookup_nodes else []
 
 
-def _effects(steps: list[_Settled], knob: str, values, pool_of, branch_of) -> list[KnobEffect]:
+def _effects(steps: list[_Settled], knob: str, values, columns_of, branch_of) -> list[KnobEffect]:
     """Each value's accepted tokens and nodes over the steps, against the run's own (read off each step's pool at
-    its own budget: `pool_of(step, value)` gives the pool, `branch_of(step, value)` the lookup branch)."""
+    its own budget: `columns_of(step, value)` gives the pool's columns, `branch_of(step, value)` the lookup
+    branch)."""
     extra_tokens, extra_nodes = np.zeros(len(values)), np.zeros(len(values))
     for st in steps:
-        own_a, own_n = accepted_by_budget(*_columns(st.step.candidates), st.branch, st.future, [st.budget])
+        own_a, own_n = accepted_by_budget(*st.columns, st.branch, st.future, [st.budget])
         for j, value in enumerate(values):
-            a, n = accepted_by_budget(*_columns(pool_of(st, value)), branch_of(st, value), st.future, [st.budget])
+            a, n = accepted_by_budget(*columns_of(st, value), branch_of(st, value), st.future, [st.budget])
             extra_tokens[j] += a[0] - own_a[0]
             extra_nodes[j] += n[0] - own_n[0]
     return [KnobEffect(knob, v, int(extra_tokens[j]), float(extra_nodes[j] / len(steps))) for j, v in enumerate(values)]
@@ -214,7 +218,7 @@ def budget_effects(trace: Trace, budgets=KNOB_VALUES[BUDGET_KNOB],
         return []
     extra_tokens, extra_nodes = np.zeros(len(budgets)), np.zeros(len(budgets))
     for st in steps:
-        a, n = accepted_by_budget(*_columns(st.step.candidates), st.branch, st.future, budgets)
+        a, n = accepted_by_budget(*st.columns, st.branch, st.future, budgets)
         extra_tokens += a - st.step.accepted
         extra_nodes += n - (len(st.step.tree) - 1)
     return [KnobEffect(BUDGET_KNOB, int(b), int(round(extra_tokens[j])), float(extra_nodes[j] / len(steps)))
@@ -232,10 +236,8 @@ def lookup_effects(trace: Trace, max_ngram: int, lengths=KNOB_VALUES[LOOKUP_KNOB
     steps = _settled_steps(trace, probes.get(own))
     if not steps or not lengths:
         return []
-    branches = {(st.index, n): probes[n].lookup(trace.context_at(st.index)) if n else [] for st in steps
-                for n in lengths}
-    return _effects(steps, LOOKUP_KNOB, lengths, lambda st, n: st.step.candidates,
-                    lambda st, n: branches[st.index, n])
+    branches = {(st.index, n): probes[n].lookup(st.context) if n else [] for st in steps for n in lengths}
+    return _effects(steps, LOOKUP_KNOB, lengths, lambda st, n: st.columns, lambda st, n: branches[st.index, n])
 
 
 def search_effects(trace: Trace, ngram: NGramModel | None, lookup: PromptLookupProposer | None = None,
@@ -252,8 +254,8 @@ def search_effects(trace: Trace, ngram: NGramModel | None, lookup: PromptLookupP
     out = []
     for knob in knobs:
         values = [v for v in KNOB_VALUES[knob] if v != getattr(base, knob)]
-        pools = {(st.index, v): search(st.step.rows_tokens, st.step.rows_probs, trace.context_at(st.index),
-                                       replace(base, **{knob: v}), ngram, eos, node_budget=st.budget).candidates
+        pools = {(st.index, v): _columns(search(st.step.rows_tokens, st.step.rows_probs, st.context,
+                                                replace(base, **{knob: v}), ngram, eos, node_budget=st.budget).candidates)
                  for st in steps for v in values}
         out += _effects(steps, knob, values, lambda st, v: pools[st.index, v], lambda st, v: st.branch)
     return out

@@ -33,6 +33,14 @@ def shape_key(linear: torch.nn.Linear) -> str:
     return f"{w.shape[1]}x{w.shape[0]}{'+b' if linear.bias is not None else ''}:{str(w.dtype).removeprefix('torch.')}"
 
 
+def by_shape(linears: list[torch.nn.Linear]) -> dict[str, list[torch.nn.Linear]]:
+    """The linears grouped by shape_key, in the order they come."""
+    groups: dict[str, list[torch.nn.Linear]] = {}
+    for m in linears:
+        groups.setdefault(shape_key(m), []).append(m)
+    return groups
+
+
 def available_kernels(hardware: Hardware, dtype: torch.dtype) -> list[str]:
     """The kernels this machine can run for `dtype` (default always; oneDNN on a CPU that has its path)."""
     kernels = [DEFAULT]
@@ -97,10 +105,7 @@ def measure_plan(linears: list[torch.nn.Linear], hardware: Hardware, rounds: int
     would stay in the cache and favour the wrong kernel. A kernel whose output differs from the default's is never
     chosen."""
     plan = KernelPlan()
-    groups: dict[str, list[torch.nn.Linear]] = {}
-    for m in linears:
-        groups.setdefault(shape_key(m), []).append(m)
-    for key, group in groups.items():
+    for key, group in by_shape(linears).items():
         first = group[0]
         kernels = available_kernels(hardware, first.weight.dtype)
         if len(kernels) == 1:
@@ -142,9 +147,7 @@ def measure_dtypes(linears: list[torch.nn.Linear], hardware: Hardware, dtypes=(t
     """Seconds of one pass over the linears (as a forward makes it) at each of DTYPE_ROWS, per dtype, each shape
     on the fastest kernel this machine has for it in that dtype. Timed on copies of up to MAX_PER_SHAPE weights
     per shape (scaled to all of them), so the model itself is not touched."""
-    groups: dict[str, list[torch.nn.Linear]] = {}
-    for m in linears:
-        groups.setdefault(shape_key(m), []).append(m)
+    groups = by_shape(linears)
     out = {}
     for dtype in dtypes:
         total = [0.0] * len(DTYPE_ROWS)

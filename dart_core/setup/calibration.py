@@ -70,7 +70,12 @@ def machine_key(target: TargetModel, what: str, extra: str = "") -> str:
 def model_key(hw: Hardware, model, dtype: str, what: str, extra: str = "") -> str:
     """machine_key for a transformers model not yet wrapped as a target."""
     shapes = sorted({shape_key(m) for m in decoder_linears(model)})
-    ident = json.dumps([FORMAT, what, hw.name, hw.capability, hw.threads, torch.__version__, dtype, shapes, extra])
+    return _file_name(what, hw, [dtype, shapes, extra])
+
+
+def _file_name(what: str, hw: Hardware, depends_on: list) -> str:
+    """A measurement's cache file: `what`, then a digest of the machine, torch and what else it depends on."""
+    ident = json.dumps([FORMAT, what, hw.name, hw.capability, hw.threads, torch.__version__, *depends_on])
     return f"{what}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
 
 
@@ -162,10 +167,8 @@ def draft_int8_choice(head, target: TargetModel, mode: str = "auto", recalibrate
     if mode == "on":
         return {"int8": True, "reason": "on (--draft-int8 on)"}
     c, hw = head.config, target.hardware
-    ident = json.dumps([FORMAT, "draft", hw.name, hw.capability, hw.threads, torch.__version__, c.hidden_size,
-                        c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.out_vocab, c.n_mask,
-                        head.lm_head is None])
-    name = f"draft-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+    name = _file_name("draft", hw, [c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                                     c.out_vocab, c.n_mask, head.lm_head is None])
 
     def measure():
         output = PackedLinear(head.lm_head) if onednn_applies(head.lm_head, hw) else None

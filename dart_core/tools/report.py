@@ -41,7 +41,6 @@ def cmd_report(args) -> int:
     return 0
 
 
-
 def _replay_table(spec: str | None, traces: list[Trace]) -> NGramModel | None:
     """The table the DART trace was decoded with (or `spec`), or None with a note where it cannot be had."""
     dart = next((t for t in traces if t.uses_tree_search), None)
