@@ -1,8 +1,9 @@
 """What this machine can do, from torch's own queries: never assumed from one machine's results.
 
 The engine takes a kernel path only where the capability it needs is here (oneDNN's bf16 path needs AVX-512 BW/VL/DQ
-or AVX-NE-CONVERT, and raises on an AVX2-only CPU). Tests build a `Hardware` with capabilities turned off to check
-that every fallback runs and stays lossless.
+or AVX-NE-CONVERT, and raises on an AVX2-only CPU). Tests turn capabilities off (`without`), to check that every
+fallback runs and stays lossless, and on (`with_stand_ins`), to run every gated path on any machine: a capability
+this machine lacks is then served by a stand-in kernel with the real one's interface (kernels.STAND_IN_OPS).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Hardware:
     onednn_bf16: bool = False    # oneDNN's bf16 path (native bf16 instructions)
     onednn_fp16: bool = False
     mkl: bool = False            # MKL's packed GEMM (fp32)
+    stand_ins: tuple[str, ...] = ()   # capabilities turned on though this machine lacks them (tests only)
 
     @property
     def is_cpu(self) -> bool:
@@ -33,15 +35,23 @@ class Hardware:
         """One line for a report header: 'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no'."""
         if not self.is_cpu:
             return f"{self.name} · {self.capability}"
-        return (f"{self.name or 'unknown CPU'} · {self.capability} · {self.threads} threads · "
-                f"bf16 kernels: {'yes' if self.onednn_bf16 else 'no'}")
+        bf16 = "stand-in" if "onednn_bf16" in self.stand_ins else "yes" if self.onednn_bf16 else "no"
+        return f"{self.name or 'unknown CPU'} · {self.capability} · {self.threads} threads · bf16 kernels: {bf16}"
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def without(self, *capabilities: str) -> "Hardware":
         """This machine with some capabilities turned off (for tests and for comparing kernel paths)."""
-        return Hardware(**{**asdict(self), **{c: False for c in capabilities}})
+        return Hardware(**{**asdict(self), **{c: False for c in capabilities},
+                           "stand_ins": tuple(c for c in self.stand_ins if c not in capabilities)})
+
+    def with_stand_ins(self, *capabilities: str) -> "Hardware":
+        """This machine with some capabilities turned on: those it has stay real, the others are served by
+        stand-in kernels (so that every path gated on them runs, on any machine)."""
+        missing = tuple(c for c in capabilities if not getattr(self, c))
+        return Hardware(**{**asdict(self), **{c: True for c in capabilities},
+                           "stand_ins": tuple(dict.fromkeys(self.stand_ins + missing))})
 
 
 def detect(device: str = "cpu") -> Hardware:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import types
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
@@ -39,6 +40,27 @@ def by_shape(linears: list[torch.nn.Linear]) -> dict[str, list[torch.nn.Linear]]
     for m in linears:
         groups.setdefault(shape_key(m), []).append(m)
     return groups
+
+
+@dataclass(frozen=True)
+class PackOps:
+    """How a PackedLinear packs a weight once and computes with the packed copy."""
+    name: str
+    pack: Callable[[torch.Tensor], torch.Tensor]
+    linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+ONEDNN_OPS = PackOps("oneDNN", lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT),
+                     lambda x, w, b: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], ""))
+# Where a test turns on a capability this machine lacks (bf16 on an AVX2-only CPU): the same packed copy, caching
+# and version tracking around a kernel that runs anywhere, so every path gated on the capability is exercised.
+STAND_IN_OPS = PackOps("stand-in", lambda w: w.clone(), F.linear)
+
+
+def pack_ops(hardware: Hardware, dtype: torch.dtype) -> PackOps:
+    """oneDNN's kernel, or its stand-in where the capability that `dtype` needs is one of `hardware.stand_ins`."""
+    needs = "onednn_bf16" if dtype == torch.bfloat16 else "onednn"
+    return STAND_IN_OPS if needs in hardware.stand_ins or "onednn" in hardware.stand_ins else ONEDNN_OPS
 
 
 def available_kernels(hardware: Hardware, dtype: torch.dtype) -> list[str]:
@@ -79,23 +101,44 @@ class PackedLinear:
     for 1 / 2 / 4 / 8 rows, against 4.0 / 7.7 / 9.0 / 9.6 ms (MkldnnLinear) and 7.7 / 18.9 / 17.1 / 17.6 ms (default).
     The price is the packed copy in memory."""
 
-    def __init__(self, linear: torch.nn.Linear):
-        self.linear = linear
+    def __init__(self, linear: torch.nn.Linear, ops: PackOps = ONEDNN_OPS):
+        self.linear, self.ops = linear, ops
         self._pack()
 
     def _pack(self) -> None:
         w = self.linear.weight
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT)
+        self.weight = self.ops.pack(w.detach())
         self.bias = None if self.linear.bias is None else self.linear.bias.detach()
-        self.version = (w.data_ptr(), w._version)
+        self.version = weight_version(w)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.linear.weight
-        if (w.data_ptr(), w._version) != self.version:   # the weights were changed or moved: pack them again
+        if weight_version(self.linear.weight) != self.version:   # the weights were changed or moved: pack again
             self._pack()
         flat = x.reshape(-1, x.shape[-1])
-        y = torch.ops.mkldnn._linear_pointwise(flat, self.weight, self.bias, "none", [], "")
+        y = self.ops.linear(flat, self.weight, self.bias)
         return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def weight_version(w: torch.Tensor) -> tuple[int, int | None]:
+    """Where a weight lives and how often it was changed in place. A weight made under torch.inference_mode (a copy
+    made to measure, a model loaded by a user inside it) has no version counter; it cannot be changed in place
+    outside inference mode, so its storage alone tells."""
+    return w.data_ptr(), None if w.is_inference() else w._version
+
+
+def onednn_applies(layer, hardware: Hardware) -> bool:
+    """Whether a PackedLinear can stand in for this layer: a Linear on CPU in fp32, or in bf16 where this CPU's
+    oneDNN has a bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; on an AVX2-only CPU it raises instead)."""
+    if not (isinstance(layer, torch.nn.Linear) and layer.weight.device.type == "cpu" and hardware.onednn):
+        return False
+    if layer.weight.dtype == torch.bfloat16:
+        return hardware.onednn_bf16
+    return layer.weight.dtype == torch.float32
+
+
+def packed_linear(layer: torch.nn.Linear, hardware: Hardware) -> PackedLinear:
+    """`layer` on oneDNN's packed weight (or its stand-in, where `hardware` says so); see `onednn_applies`."""
+    return PackedLinear(layer, pack_ops(hardware, layer.weight.dtype))
 
 
 @torch.inference_mode()
@@ -112,7 +155,7 @@ def measure_plan(linears: list[torch.nn.Linear], hardware: Hardware, rounds: int
             continue
         fns = {DEFAULT: [lambda x, m=m: F.linear(x, m.weight, m.bias) for m in group]}
         if ONEDNN in kernels:
-            fns[ONEDNN] = [PackedLinear(m) for m in group]
+            fns[ONEDNN] = [PackedLinear(m, pack_ops(hardware, first.weight.dtype)) for m in group]
         times: dict[str, list[float]] = {k: [] for k in fns}
         for rows in plan.buckets:
             x = torch.randn(rows, first.in_features, dtype=first.weight.dtype, device=first.weight.device)
@@ -155,7 +198,7 @@ def measure_dtypes(linears: list[torch.nn.Linear], hardware: Hardware, dtypes=(t
             sample = [_copy_as(m, dtype) for m in group[:MAX_PER_SHAPE]]
             fns = [[lambda x, m=m: F.linear(x, m.weight, m.bias) for m in sample]]
             if ONEDNN in available_kernels(hardware, dtype):
-                fns.append([PackedLinear(m) for m in sample])
+                fns.append([PackedLinear(m, pack_ops(hardware, dtype)) for m in sample])
             for j, rows in enumerate(DTYPE_ROWS):
                 x = torch.randn(rows, sample[0].in_features, dtype=dtype, device=sample[0].weight.device)
                 total[j] += len(group) / len(sample) * min(_best_time(f, x, rounds) for f in fns)
@@ -177,10 +220,11 @@ def _copy_as(linear: torch.nn.Linear, dtype: torch.dtype) -> torch.nn.Linear:
 class FastLinears:
     """The decoder linears, each computed by its plan's kernel for the rows of the forward, inside `active()`."""
 
-    def __init__(self, linears: list[torch.nn.Linear], plan: KernelPlan):
+    def __init__(self, linears: list[torch.nn.Linear], plan: KernelPlan, hardware: Hardware):
         self.plan = plan
         self.linears = [m for m in linears if self.plan.choices.get(shape_key(m))]
-        self.packed = {id(m): PackedLinear(m) for m in self.linears if ONEDNN in plan.choices[shape_key(m)]}
+        self.packed = {id(m): PackedLinear(m, pack_ops(hardware, m.weight.dtype)) for m in self.linears
+                       if ONEDNN in plan.choices[shape_key(m)]}
         # built once: entering `active()` for every forward only assigns them (building them there cost ~1 ms a
         # forward on a 2-core CPU, 2% of a SmolLM2 verify)
         self._forwards = [(m, types.MethodType(self._forward(m), m)) for m in self.linears]

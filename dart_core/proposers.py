@@ -21,10 +21,9 @@ from .context_ngram import ContextNGram
 from .draft_head import DraftCache, DraftHead
 from .draft_kernels import int8_copy, int8_supported
 from .errors import ConfigError
+from .kernels import onednn_applies, packed_linear
 from .methods import DART, DART_PLD, PLD, VANILLA
 from .ngram import NGramModel
-from .kernels import PackedLinear
-from .target import onednn_applies
 from .tree import TokenTree
 from .tree_search import Candidates, SearchConfig, search
 
@@ -121,7 +120,7 @@ class HeadDrafter(Drafter):
                 raise ConfigError(f"an int8 draft head cannot run here: {why}")
             self.head = int8_copy(self.head)
         elif onednn_applies(head.lm_head, target.hardware):
-            self.output = PackedLinear(head.lm_head)
+            self.output = packed_linear(head.lm_head, target.hardware)
 
     def reset(self):
         self.cache = DraftCache()

@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from .hardware import Hardware, detect
-from .kernels import FastLinears, KernelPlan, PackedLinear, decoder_linears
+from .kernels import FastLinears, KernelPlan, PackedLinear, decoder_linears, onednn_applies, packed_linear
 from .tree import TokenTree
 
 
@@ -23,7 +23,7 @@ def tap_layer_indices(num_layers: int) -> tuple[int, int, int]:
 
 class TargetModel:
     def __init__(self, model, tokenizer=None, hardware: Hardware | None = None):
-        """hardware: what the kernels may use (default: what this machine has; tests turn capabilities off)."""
+        """hardware: what the kernels may use (default: what this machine has; tests turn capabilities on and off)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = model.config
@@ -45,7 +45,7 @@ class TargetModel:
 
     def use_kernels(self, plan: KernelPlan | None) -> None:
         """Compute the decoder linears of our own forwards with `plan`'s kernels (None: torch's default)."""
-        self.fast_linears = FastLinears(decoder_linears(self.model), plan) if plan is not None else None
+        self.fast_linears = FastLinears(decoder_linears(self.model), plan, self.hardware) if plan is not None else None
 
     @property
     def device(self) -> torch.device:
@@ -146,16 +146,6 @@ class TargetModel:
             layer.values = torch.cat([layer.values[..., :past, :], layer.values.index_select(-2, idx)], dim=-2)
 
 
-def onednn_applies(layer, hardware: Hardware) -> bool:
-    """Whether a PackedLinear can stand in for this layer: a Linear on CPU in fp32, or in bf16 where this CPU's
-    oneDNN has a bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; on an AVX2-only CPU it raises instead)."""
-    if not (isinstance(layer, torch.nn.Linear) and layer.weight.device.type == "cpu" and hardware.onednn):
-        return False
-    if layer.weight.dtype == torch.bfloat16:
-        return hardware.onednn_bf16
-    return layer.weight.dtype == torch.float32
-
-
 @torch.inference_mode()
 def _onednn_output_head(target: TargetModel) -> PackedLinear | None:
     """The output layer on oneDNN's packed weight where it applies: CPU, fp32 or bf16, and the model's logits are
@@ -165,7 +155,7 @@ def _onednn_output_head(target: TargetModel) -> PackedLinear | None:
     if not onednn_applies(head, target.hardware) or not hasattr(target.model, "model"):
         return None
     try:
-        fast = PackedLinear(head)
+        fast = packed_linear(head, target.hardware)
         ids = torch.tensor([[0, 1]], dtype=torch.long, device=target.device)
         hidden = target.model.model(input_ids=ids).last_hidden_state[0]
         logits = target.model(input_ids=ids).logits[0]

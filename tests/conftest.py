@@ -1,9 +1,39 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and the lines that say which capability-gated kernels this run used."""
 
 import pytest
 import torch
 
+from dart_core.hardware import detect
 from tests.app_fixtures import big_search_trace, hand_trace, tiny_traces
+
+# The CPU paths the engine takes only where a capability exists. `capable` turns them all on: real kernels where this
+# CPU has them, stand-ins (dart_core.kernels.STAND_IN_OPS) where it does not, so every path runs on every machine.
+GATED = ("onednn", "onednn_bf16")
+_used_by: list[str] = []
+
+
+def gated_paths() -> str:
+    hw = detect().with_stand_ins(*GATED)
+    return ", ".join(f"{c} {'stand-in' if c in hw.stand_ins else 'real'}" for c in GATED)
+
+
+def pytest_report_header(config):
+    hw = detect()
+    return [f"CPU: {hw.name} · torch capability {hw.capability} · {hw.threads} threads",
+            f"capability-gated kernels in this run: {gated_paths()}"]
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _used_by:
+        terminalreporter.write_line(f"capability-gated kernels ({gated_paths()}) ran in {len(_used_by)} tests "
+                                    f"through the `capable` fixture")
+
+
+@pytest.fixture
+def capable(request):
+    """This machine with every capability-gated CPU path on (see GATED)."""
+    _used_by.append(request.node.nodeid)
+    return detect().with_stand_ins(*GATED)
 
 
 @pytest.fixture

@@ -37,11 +37,11 @@ def test_bf16_only_where_it_wins_at_every_row_count(fp32, bf16, expected):
     assert f"{DTYPE_ROWS[-1]} rows {bf16[-1]:.1f} vs {fp32[-1]:.1f} ms" in choice.reason
 
 
-def test_the_measurement_times_both_dtypes_without_touching_the_model():
+def test_the_measurement_times_both_dtypes_without_touching_the_model(capable):
     target = tiny_target("llama")
     linears = decoder_linears(target.model)
     before = [m.weight.clone() for m in linears]
-    for hw in (detect(), detect().without("onednn", "onednn_bf16")):    # with and without oneDNN's kernels
+    for hw in (capable, detect().without("onednn", "onednn_bf16")):    # with and without oneDNN's kernels
         seconds = measure_dtypes(linears, hw, rounds=1)
         assert set(seconds) == {"float32", "bfloat16"}
         assert all(len(v) == len(DTYPE_ROWS) and all(t > 0 for t in v) for v in seconds.values())
@@ -81,6 +81,27 @@ def test_fast_loads_the_measured_dtype_and_auto_the_lossless_one(measured, tmp_p
     dart = run(lossless, DartProposer(OracleDrafter(lossless, n_rows=3), SearchConfig(node_budget=6)), prompt,
                GenerationConfig(max_new_tokens=16)).output_ids
     assert dart == plain
+
+
+@pytest.mark.parametrize("dtype", ["fast", "bf16"])
+def test_fast_and_bf16_load_measure_and_decode_with_the_gated_kernels(dtype, capable, tmp_path, monkeypatch,
+                                                                      one_thread):
+    """`--dtype fast` measured for real (it once crashed on every CPU with a oneDNN bf16 path), and bf16 on the
+    kernels measured for it: both load and decode."""
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    tiny_target("llama").model.save_pretrained(folder)
+    qwen_style_tokenizer(PLAIN_TEMPLATE).save_pretrained(folder)
+    target = load_target(str(folder), "cpu", dtype, hardware=capable)
+    assert target.hardware == capable and dtype_name(target) in ("fp32", "bf16")
+    if dtype == "fast":
+        assert set(target.dtype_choice["seconds"]) == {"float32", "bfloat16"}
+    else:
+        assert target.fast_linears is not None and target.fast_linears.plan.timings   # measured in bf16
+    prompt = [1, 5, 9, 13, 17, 5, 9]
+    out = run(target, DartProposer(OracleDrafter(target, n_rows=3), SearchConfig(node_budget=6)), prompt,
+              GenerationConfig(max_new_tokens=12)).output_ids
+    assert len(out) == 12
 
 
 def test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster():

@@ -20,8 +20,8 @@ import torch
 from ..draft_kernels import int8_copy, int8_supported, time_head
 from ..errors import ConfigError
 from ..hardware import Hardware
-from ..kernels import KernelPlan, PackedLinear, decoder_linears, measure_plan, shape_key
-from ..target import TargetModel, onednn_applies
+from ..kernels import KernelPlan, decoder_linears, measure_plan, onednn_applies, packed_linear, shape_key
+from ..target import TargetModel
 from ..tree import TokenTree
 from .defaults import cache_root
 from .files import write_atomic
@@ -75,7 +75,8 @@ def model_key(hw: Hardware, model, dtype: str, what: str, extra: str = "") -> st
 
 def _file_name(what: str, hw: Hardware, depends_on: list) -> str:
     """A measurement's cache file: `what`, then a digest of the machine, torch and what else it depends on."""
-    ident = json.dumps([FORMAT, what, hw.name, hw.capability, hw.threads, torch.__version__, *depends_on])
+    stand_ins = [list(hw.stand_ins)] if hw.stand_ins else []   # a test's simulated capabilities measure apart
+    ident = json.dumps([FORMAT, what, hw.name, hw.capability, hw.threads, torch.__version__, *depends_on, *stand_ins])
     return f"{what}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
 
 
@@ -171,7 +172,7 @@ def draft_int8_choice(head, target: TargetModel, mode: str = "auto", recalibrate
                                      c.out_vocab, c.n_mask, head.lm_head is None])
 
     def measure():
-        output = PackedLinear(head.lm_head) if onednn_applies(head.lm_head, hw) else None
+        output = packed_linear(head.lm_head, hw) if onednn_applies(head.lm_head, hw) else None
         return {"fp32": time_head(head, output), "int8": time_head(int8_copy(head))}
 
     def read(seconds):

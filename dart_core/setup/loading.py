@@ -17,7 +17,7 @@ from ..budget import AutoBudget
 from ..draft_head import DraftConfig, DraftHead, DraftHeadError
 from ..context_ngram import ContextNGram
 from ..errors import DartError
-from ..hardware import detect
+from ..hardware import Hardware, detect
 from ..head_formats import load_head
 from ..methods import DART_PLD, METHODS, PLD, VANILLA, uses_head
 from ..ngram import NGramModel
@@ -39,10 +39,11 @@ class SetupError(DartError):
 
 
 def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AUTO,
-                recalibrate: bool = False) -> TargetModel:
+                recalibrate: bool = False, hardware: Hardware | None = None) -> TargetModel:
     """The target, with its decoder linears on the kernels measured fastest on this machine (cached per machine;
     recalibrate measures again). dtype 'auto': lossless fp32; 'fast': the dtype measured fastest here (see
-    dart_core.setup.dtype_choice); the choice and its reason are in `target.dtype_choice`."""
+    dart_core.setup.dtype_choice); the choice and its reason are in `target.dtype_choice`. hardware: what the
+    kernels may use (default: what this machine has; tests turn capabilities on and off)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here")
     # auto is lossless (fp32); fast is decided before the load on a GPU, measured on the fp32 model on a CPU
@@ -52,9 +53,9 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
     parse_dtype(load_as)  # a clear error before the slow load
     hf_model, tokenizer = load_model_and_tokenizer(model, device=device, dtype=load_as)
     if dtype == FAST and choice is None:
-        choice = choose_cpu_dtype(hf_model, detect(device), recalibrate)
+        choice = choose_cpu_dtype(hf_model, hardware or detect(device), recalibrate)
         hf_model.to(parse_dtype(choice.dtype))
-    target = TargetModel(hf_model, tokenizer)
+    target = TargetModel(hf_model, tokenizer, hardware)
     target.dtype_choice = choice.to_dict() if choice else None
     target.use_kernels(kernel_plan(target, recalibrate))
     return target
