@@ -1,13 +1,16 @@
 """The app's event handlers, without the layout: each takes the session and plain input values and returns (or
 yields) a dict of output name -> value, which `app.ui` maps onto components. Tested without a browser.
 
-Rules kept here: bad input shows a warning and a message box, never a traceback; the only shared object is the
-engine given to `Callbacks`; everything per user is in the `Session` passed in.
+Rules kept here: bad input shows a warning and a message box, never a traceback; the only shared objects are the
+engine and the session store given to `Callbacks`; everything per user is in the `Session` passed in, which every
+event marks as used (`session_event`), so that the store frees only sessions nobody uses.
 """
 
 from __future__ import annotations
 
+import functools
 import html
+import inspect
 import logging
 import shutil
 import tempfile
@@ -30,7 +33,7 @@ from .engine import Engine, EngineError
 from .lanes import DONE, ERROR, LANE_ORDER, LANE_TITLES, STOPPED, Lane, lane_of, lane_stats, lane_status_text, \
     replay_lane, round_robin
 from .options import OptionError, check_knob, check_prompt, sampling_from, search_from
-from .session import Session
+from .session import Session, SessionStore, freed_text
 from .whatif import HOW_TEXT, is_greedy, what_if
 
 log = logging.getLogger(__name__)
@@ -57,10 +60,34 @@ def warn(text: str) -> dict:
     return {"message": message_html(text)}
 
 
+def session_event(tell: bool = True):
+    """An event on the page's session (its first argument): the store marks it as used now, and gives a page whose
+    state Gradio dropped a new one. A session the store had freed is held again, empty; with `tell`, the page is told
+    why its run is gone (not for a run or an upload, which replace it anyway)."""
+    def wrap(fn):
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def gen(self, session, *args, **kwargs):
+                session, _ = self.sessions.resume(session)
+                yield from fn(self, session, *args, **kwargs)
+            return gen
+
+        @functools.wraps(fn)
+        def call(self, session, *args, **kwargs):
+            session, why = self.sessions.resume(session)
+            out = fn(self, session, *args, **kwargs)
+            if why and tell:
+                out = {**(out or {}), **warn(freed_text(why, self.sessions.ttl_s))}
+            return out
+        return call
+    return wrap
+
+
 class Callbacks:
-    def __init__(self, engine: Engine, trace_dir: str | Path | None = None):
+    def __init__(self, engine: Engine, trace_dir: str | Path | None = None, sessions: SessionStore | None = None):
         self.engine = engine
         self.trace_dir = Path(trace_dir) if trace_dir else Path(tempfile.gettempdir()) / "dart-lab-traces"
+        self.sessions = sessions or SessionStore()
 
     # ------------------------------------------------------------------ views
     def lane_card(self, session: Session, key: str) -> str:
@@ -105,16 +132,18 @@ class Callbacks:
                 "tree": figures.tree_figure(trace, i, bool(show_pruned)), "table": pruning_table(trace, i),
                 "heatmap": figures.rows_heatmap(trace, i)}
 
-    def animate_step(self, session: Session | None, key, index, speed=1.0) -> dict:
+    @session_event()
+    def animate_step(self, session: Session, key, index, speed=1.0) -> dict:
         """The selected step as an animation that plays in the browser (dart_core.views.animation)."""
-        lane = session.lane(key) if session is not None else None
+        lane = session.lane(key)
         if lane is None or not lane.trace.steps:
             return {"animation": figures.message_figure(NOTHING_TO_ANIMATE)}
         return {"animation": step_animation(lane.trace, step_index(index, len(lane.trace.steps)), _speed(speed))}
 
-    def autoplay_run(self, session: Session | None, key, speed=1.0) -> dict:
+    @session_event()
+    def autoplay_run(self, session: Session, key, speed=1.0) -> dict:
         """The selected lane's whole run, one frame per step."""
-        lane = session.lane(key) if session is not None else None
+        lane = session.lane(key)
         if lane is None or not lane.trace.steps:
             return {"animation": figures.message_figure(NOTHING_TO_ANIMATE)}
         return {"animation": run_animation(lane.trace, _speed(speed))}
@@ -208,9 +237,10 @@ class Callbacks:
             paths.append(str(path))
         return paths
 
-    def export_html(self, session: Session | None) -> dict:
+    @session_event()
+    def export_html(self, session: Session) -> dict:
         """The session's lanes as one self-contained HTML file (dart_core.views.report), offered for download."""
-        lanes = [lane for lane in (session.lanes.values() if session else ()) if lane.trace.steps]
+        lanes = [lane for lane in session.lanes.values() if lane.trace.steps]
         if not lanes:
             return {"export": None, **warn("Run a prompt or upload a trace first: there is no run to export yet.")}
         text = report_html(self._finished(lanes), ngram=self.engine.ngram)
@@ -232,13 +262,13 @@ class Callbacks:
         return [lane.trace for lane in lanes]
 
     # ------------------------------------------------------------------ events
-    def run(self, session: Session | None, prompt, use_pld, temperature, top_p, top_k, max_new_tokens, seed,
+    @session_event(tell=False)
+    def run(self, session: Session, prompt, use_pld, temperature, top_p, top_k, max_new_tokens, seed,
             node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay,
             show_pruned=False, lookup_branch=False, auto_budget=False) -> Iterator[dict]:
         """Generate with plain decoding and DART (and prompt lookup), interleaved step by step.
         lookup_branch: DART's trees also get prompt lookup's copied continuation as one more branch;
         auto_budget: DART's node budget is chosen as the run goes (node_budget is where it starts)."""
-        session = session or Session()
         try:
             if not self.engine.can_generate:
                 raise EngineError("Replay mode: no model is loaded, so nothing can be generated. "
@@ -289,10 +319,9 @@ class Callbacks:
         yield {**self.full_view(session, show_pruned, keep_step=not session.follow),
                "run_btn": gr.update(interactive=True), **self.whatif_knobs(session)}
 
-    def stop(self, session: Session | None, show_pruned=False) -> dict:
+    @session_event()
+    def stop(self, session: Session, show_pruned=False) -> dict:
         """Stop the run (the run event is also cancelled): the current step finishes, no further step starts."""
-        if session is None:
-            return {"run_btn": gr.update(interactive=True)}
         was_running = session.running
         session.stop.set()
         # Wait for the step in flight (it holds the engine lock), so the view shows every step that was made.
@@ -307,8 +336,8 @@ class Callbacks:
                 "message": message_html("Stopped. Everything generated so far can be explored and downloaded.",
                                         "info") if was_running else ""}
 
-    def clear(self, session: Session | None) -> dict:
-        session = session or Session()
+    @session_event(tell=False)
+    def clear(self, session: Session) -> dict:
         session.stop.set()
         session.new_run([])
         session.running = False
@@ -317,15 +346,13 @@ class Callbacks:
                "wi_tree": empty, "wi_info": ""}
         return out
 
-    def show_step(self, session: Session | None, key, index, show_pruned=False) -> dict:
-        if session is None:
-            return self.step_view(Session(), None, 0)
+    @session_event()
+    def show_step(self, session: Session, key, index, show_pruned=False) -> dict:
         return self.step_view(session, key, index, show_pruned)
 
-    def move_step(self, session: Session | None, key, index, delta: int, show_pruned=False) -> dict:
+    @session_event()
+    def move_step(self, session: Session, key, index, delta: int, show_pruned=False) -> dict:
         """Prev / next: also stops following the newest step while generating."""
-        if session is None:
-            return self.step_view(Session(), None, 0)
         session.follow = False
         try:
             index = int(index) + delta
@@ -333,27 +360,28 @@ class Callbacks:
             index = 0
         return {**self.step_view(session, key, index, show_pruned), "follow": False}
 
-    def pick_step(self, session: Session | None, key, index, show_pruned=False) -> dict:
+    @session_event()
+    def pick_step(self, session: Session, key, index, show_pruned=False) -> dict:
         """The user moved the slider: show that step and stop following the newest one."""
-        if session is None:
-            return self.step_view(Session(), None, 0)
         session.follow = False
         return {**self.step_view(session, key, index, show_pruned), "follow": False}
 
-    def pick_lane(self, session: Session | None, key, show_pruned=False) -> dict:
-        if session is None or session.lane(key) is None:
-            return self.step_view(Session(), None, 0)
+    @session_event()
+    def pick_lane(self, session: Session, key, show_pruned=False) -> dict:
+        if session.lane(key) is None:
+            return self.step_view(session, None, 0)
         lane = session.lane(key)
         return {**self.step_view(session, lane.key, len(lane.trace.steps) - 1, show_pruned),
                 "chart_time": figures.time_split_figure(lane.trace, lane.key)}
 
-    def set_follow(self, session: Session | None, follow) -> None:
-        if session is not None:
-            session.follow = bool(follow)
+    @session_event(tell=False)
+    def set_follow(self, session: Session, follow) -> None:
+        session.follow = bool(follow)
 
-    def token_click(self, session: Session | None, data, show_pruned=False) -> dict:
+    @session_event()
+    def token_click(self, session: Session, data, show_pruned=False) -> dict:
         """A token in a lane was clicked: open its lane and step."""
-        if session is None or not isinstance(data, dict):
+        if not isinstance(data, dict):
             return {}
         key, index = data.get("lane"), data.get("step")
         if key not in session.lanes:
@@ -365,9 +393,9 @@ class Callbacks:
         session.follow = False
         return {**self.lane_pick(session, key), **self.step_view(session, key, index, show_pruned), "follow": False}
 
-    def upload(self, session: Session | None, files, show_pruned=False) -> dict:
+    @session_event(tell=False)
+    def upload(self, session: Session, files, show_pruned=False) -> dict:
         """Replay saved traces (one per lane; a lane is chosen by the trace's method)."""
-        session = session or Session()
         paths = [files] if isinstance(files, (str, Path)) else list(files or [])
         if not paths:
             return {"state": session}
@@ -394,10 +422,11 @@ class Callbacks:
             gr.Warning(html.escape("Skipped: " + "; ".join(errors)))
         return out
 
-    def what_if(self, session: Session | None, key, index, node_budget, beam_width, topk, ngram_weight,
+    @session_event()
+    def what_if(self, session: Session, key, index, node_budget, beam_width, topk, ngram_weight,
                 level_exponent, logit_decay) -> dict:
         """Rerun the search of the selected step with other knobs (and verify the new tree if a model is here)."""
-        lane = session.lane(key) if session is not None else None
+        lane = session.lane(key)
         if lane is None or not lane.trace.steps:
             return warn("Run a prompt or upload a trace first, then pick a DART step.")
         if lane.key != DART:

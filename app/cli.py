@@ -16,6 +16,7 @@ from dart_core.tools.args import (DRAFT_HELP, DRAFT_INT8_HELP, DTYPE_HELP, HUB_H
 from dart_core.trace import Trace
 
 from .engine import Engine
+from .session import SessionStore
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
@@ -62,6 +63,7 @@ def main(argv=None) -> int:
         print(f"error: --port must be in 1..65535, got {args.port}", file=sys.stderr)
         return 2
     try:
+        sessions = SessionStore.from_env()
         engine, traces = load(args)
     except DartError as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -71,8 +73,9 @@ def main(argv=None) -> int:
 
     for notice in engine.notices:
         print(f"[dart-lab] {notice}", file=sys.stderr)
-    demo = build_app(engine, preload=traces)
+    demo = build_app(engine, preload=traces, sessions=sessions)
+    sessions.start_sweeping()
     demo.queue(default_concurrency_limit=4)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False,
-                **launch_kwargs())
+                **launch_kwargs(sessions))
     return 0

@@ -24,7 +24,8 @@ from .engine import Engine
 from .explain import CHARTS_TAB, GLOSSARY_TAB, PRUNING_TAB, TREE_TAB, WHATIF_TAB, glossary_html, tour_html
 from .lanes import replay_lane
 from .options import EXAMPLES, KNOBS, SAMPLING_KNOBS, TREE_KNOBS
-from .session import Session
+from .health import health
+from .session import Session, SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +71,20 @@ def _slider(knob, prefix: str = "", **kw) -> gr.Slider:
                      info=knob.info or None, elem_id=prefix + knob.name.replace("_", "-"), **kw)
 
 
-def launch_kwargs() -> dict:
-    """What `launch()` needs besides host and port: the stylesheet and the theme (Gradio 6 takes them there)."""
+def launch_kwargs(sessions: SessionStore) -> dict:
+    """What `launch()` needs besides host and port: the stylesheet and the theme (Gradio 6 takes them there), and a
+    bound on the pages whose data Gradio itself keeps (the last value of every component, kept until evicted: its
+    default is 10,000 pages; twice the sessions held leaves room for pages that never ran anything)."""
     return {"css_paths": [CSS_PATH], "theme": gr.themes.Soft(primary_hue="orange", secondary_hue="blue"),
-            "ssr_mode": False, "max_file_size": MAX_TRACE_BYTES}
+            "ssr_mode": False, "max_file_size": MAX_TRACE_BYTES, "state_session_capacity": 2 * sessions.max_sessions}
 
 
-def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None) -> gr.Blocks:
-    """The whole app around one shared engine. `preload`: traces every new session starts with (replay)."""
-    cb = Callbacks(engine, trace_dir)
+def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None,
+              sessions: SessionStore | None = None) -> gr.Blocks:
+    """The whole app around one shared engine. `preload`: traces every new session starts with (replay);
+    `sessions`: the store that frees idle and closed sessions (app.session)."""
+    cb = Callbacks(engine, trace_dir, sessions)
+    ttl = cb.sessions.ttl_s
     comps: dict[str, gr.components.Component] = {}
 
     def _bind(fn, names_out):
@@ -110,8 +116,9 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
                 return failed(exc)
         return call
 
-    # delete_cache: Gradio's copies of served trace files older than an hour are removed every hour.
-    with gr.Blocks(title="DART Lab", fill_width=True, delete_cache=(3600, 3600)) as demo:
+    # delete_cache: Gradio's copies of served and uploaded files are removed once older than two session lifetimes
+    # (a page kept alive by its visitor keeps its session, and its links for a while longer).
+    with gr.Blocks(title="DART Lab", fill_width=True, delete_cache=(max(1, int(ttl / 2)), int(2 * ttl))) as demo:
         comps["state"] = gr.State(None)
         gr.Markdown("# DART Lab\nPlain decoding and **DART** speculative decoding side by side, and every draft "
                     "tree DART built, step by step.", elem_classes="app-header")
@@ -270,14 +277,27 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
                           [c[k] for k in wi_names], concurrency_limit=1, concurrency_id=MODEL_EVENTS,
                           api_name="what_if")
 
-        def start(show_pruned):
-            session = Session()
+        def start(show_pruned, request: gr.Request):
+            session = cb.sessions.open(getattr(request, "session_hash", None))
             if preload:
                 session.new_run([replay_lane(Trace.from_dict(t.to_dict())) for t in preload])
                 return {**cb.full_view(session, show_pruned), **cb.whatif_knobs(session)}
             return {"state": session}
 
+        def page_closed(request: gr.Request):
+            """The page was closed (or reloaded): its session is freed now, not after the idle time."""
+            if getattr(request, "session_hash", None):
+                cb.sessions.close(request.session_hash)
+
+        def app_health() -> dict:
+            """What the app holds now: sessions, folders, Gradio's pages and file cache, memory (app.health)."""
+            holder = getattr(demo, "state_holder", None)
+            return health(cb.sessions, cb.trace_dir, getattr(demo, "GRADIO_CACHE", None),
+                          len(getattr(holder, "session_data", ())))
+
         demo.load(_bind(start, OUTPUT_NAMES), [c["show_pruned"]], all_out, **hidden)
+        demo.unload(page_closed)
+        gr.api(app_health, api_name="health", queue=False)
         demo.load(show_tour, [tour_seen], [tour], **hidden)
         tour_ok.click(dismiss_tour, None, [tour_seen, tour], **hidden)
         tour_again.click(lambda: gr.update(visible=True), None, [tour], **hidden)

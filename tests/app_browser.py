@@ -106,6 +106,27 @@ def wait_for(drv, fn, timeout: float, what: str, poll: float = 0.25):
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
+def element(drv, css: str, what: str | None = None, timeout: float = 30.0):
+    """The first element matching `css` once it is displayed (Gradio renders an accordion's contents when it opens,
+    and re-renders components as events update them)."""
+    from selenium.webdriver.common.by import By
+    return wait_for(drv, lambda d: next((e for e in d.find_elements(By.CSS_SELECTOR, css) if e.is_displayed()), None),
+                    timeout, what or css)
+
+
+def click(drv, css: str, what: str | None = None, timeout: float = 30.0):
+    """Wait until an element matching `css` is displayed and enabled, and click it (again, if a re-render took it
+    away or covered it at the moment of the click)."""
+    from selenium.webdriver.common.by import By
+
+    def try_click(d):
+        found = next((e for e in d.find_elements(By.CSS_SELECTOR, css) if e.is_displayed() and e.is_enabled()), None)
+        if found is not None:
+            found.click()
+        return found
+    return wait_for(drv, try_click, timeout, what or f"{css} to be clickable")
+
+
 def lane_status(drv, key: str) -> str:
     from selenium.webdriver.common.by import By
     return drv.find_element(By.CSS_SELECTOR, f"#lane-{key} .lane").get_attribute("data-status")
@@ -125,8 +146,7 @@ def tree_points(drv) -> int:
 def dismiss_tour(drv) -> None:
     """Close the first-visit tour (shown on load in a fresh browser profile) with its "Got it" button."""
     from selenium.webdriver.common.by import By
-    button = wait_for(drv, lambda d: d.find_element(By.CSS_SELECTOR, "#tour-ok"), 60, "the tour")
-    button.click()
+    click(drv, "#tour-ok", "the tour's button", 60)
     wait_for(drv, lambda d: not d.find_elements(By.CSS_SELECTOR, "#tour-ok") or
              not d.find_element(By.CSS_SELECTOR, "#tour-ok").is_displayed(), 30, "the tour to close")
 
@@ -134,10 +154,10 @@ def dismiss_tour(drv) -> None:
 def run_prompt(drv, prompt: str, timeout: float = 150.0) -> None:
     """Type a prompt, press Run, and wait until both lanes are done."""
     from selenium.webdriver.common.by import By
-    box = wait_for(drv, lambda d: d.find_element(By.CSS_SELECTOR, "#prompt textarea"), 60, "the prompt box")
+    box = element(drv, "#prompt textarea", "the prompt box", 60)
     box.clear()
     box.send_keys(prompt)
-    drv.find_element(By.CSS_SELECTOR, "#run-btn").click()
+    click(drv, "#run-btn", "the Run button")
     wait_for(drv, lambda d: lane_status(d, "dart") not in ("idle",), 30, "the run to start")
     wait_for(drv, lambda d: all(lane_status(d, k).startswith("done") for k in ("vanilla", "dart")), timeout,
              "both lanes to finish")
@@ -188,12 +208,12 @@ def main(argv=None) -> int:
             open_accordion(drv, "Sampling")
             set_slider(drv, "max-new-tokens", args.max_new_tokens)
             open_accordion(drv, "Sampling", close=True)
-            drv.find_element(By.CSS_SELECTOR, "#use-pld input").click()
+            click(drv, "#use-pld input", "the prompt lookup checkbox")
             run_prompt(drv, args.prompt, timeout=900)
             if args.step is not None:
                 set_slider(drv, "step-slider", args.step)
             if args.pruned:
-                drv.find_element(By.CSS_SELECTOR, "#show-pruned input").click()
+                click(drv, "#show-pruned input", "the pruned candidates checkbox")
             drv.execute_script("document.activeElement && document.activeElement.blur()")
             time.sleep(2.0)
             drv.save_screenshot(args.out)

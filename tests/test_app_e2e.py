@@ -14,8 +14,8 @@ import urllib.request
 
 import pytest
 
-from tests.app_browser import (dismiss_tour, find_chromium, make_driver, open_accordion, run_prompt, serve_app,
-                               set_slider, tree_points, tree_title, wait_for)
+from tests.app_browser import (click, dismiss_tour, element, find_chromium, make_driver, open_accordion, run_prompt,
+                               serve_app, set_slider, tree_points, tree_title, wait_for)
 from tests.app_fixtures import hand_trace
 
 BROWSER, DRIVER, WHY = find_chromium()
@@ -47,12 +47,12 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
             run_prompt(drv, "Write a Python function that adds two numbers.", timeout=240)
 
             # Both lanes wrote the same greedy answer; DART's text marks token origins.
-            plain = drv.find_element(By.CSS_SELECTOR, "#lane-vanilla .lane-text").text
-            dart = drv.find_element(By.CSS_SELECTOR, "#lane-dart .lane-text").text
+            plain = element(drv, "#lane-vanilla .lane-text").text
+            dart = element(drv, "#lane-dart .lane-text").text
             assert plain and plain == dart
             tokens = drv.find_elements(By.CSS_SELECTOR, "#lane-dart .tok")
             assert len(tokens) == MAX_NEW
-            assert "tok/s" in drv.find_element(By.CSS_SELECTOR, "#lane-dart .lane-stats").text
+            assert "tok/s" in element(drv, "#lane-dart .lane-stats").text
             assert drv.find_element(By.CSS_SELECTOR, "#message").text == ""
 
             # The tree of the newest step is drawn: one marker per node (+ the bonus token).
@@ -61,22 +61,22 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
             drv.save_screenshot(str(tmp_path / "after-run.png"))
 
             # Prev, the slider and a click on a token each change the tree shown.
-            drv.find_element(By.CSS_SELECTOR, "#prev-btn").click()
+            click(drv, "#prev-btn", "the Prev button")
             wait_for(drv, lambda d: title_step(d) == last - 1, 30, "the previous step's tree")
             set_slider(drv, "step-slider", 2)
             wait_for(drv, lambda d: title_step(d) == 2, 30, "step 2's tree")
-            token = drv.find_elements(By.CSS_SELECTOR, "#lane-dart .tok")[5]
+            token = wait_for(drv, lambda d: d.find_elements(By.CSS_SELECTOR, "#lane-dart .tok")[5], 30, "a token")
             clicked = int(token.get_attribute("data-step"))
             token.click()
             wait_for(drv, lambda d: title_step(d) == clicked, 30, f"step {clicked}'s tree after a token click")
             before = tree_points(drv)
-            drv.find_element(By.CSS_SELECTOR, "#show-pruned input").click()
+            click(drv, "#show-pruned input", "the pruned candidates checkbox")
             wait_for(drv, lambda d: tree_points(d) > before, 30, "the pruned candidates")
             drv.save_screenshot(str(tmp_path / "explore.png"))
 
             # Animate: the selected step is drawn with its frames, which play in the browser one by one.
             open_accordion(drv, "Animate")
-            drv.find_element(By.CSS_SELECTOR, "#animate-btn").click()
+            click(drv, "#animate-btn", "the Animate step button")
             wait_for(drv, lambda d: d.execute_script(
                 "const g = document.querySelector('#animation-plot .anim-plot');"
                 "return g && g._transitionData && g._transitionData._frames.length > 2"), 60, "the step's animation")
@@ -95,7 +95,7 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
 
             # Export: the run as one HTML file, which opens from disk with no server and draws a step's tree.
             open_accordion(drv, "Traces")
-            wait_for(drv, lambda d: d.find_element(By.CSS_SELECTOR, "#export-btn"), 30, "the export button").click()
+            click(drv, "#export-btn", "the Export HTML button")
             link = wait_for(drv, lambda d: d.find_element(By.CSS_SELECTOR, "#export-file a[href]"), 60,
                             "the exported file")
             report = tmp_path / "run.html"
@@ -104,13 +104,12 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
             app_tab = drv.current_window_handle
             drv.switch_to.new_window("tab")
             drv.get(report.as_uri())
-            step = wait_for(drv, lambda d: d.find_element(By.CSS_SELECTOR, "details.step[data-tree] > summary"), 30,
-                            "the report's steps")
+            step = element(drv, "details.step[data-tree] > summary", "the report's steps")
             drv.execute_script("arguments[0].scrollIntoView()", step)
             step.click()
             wait_for(drv, lambda d: d.find_elements(By.CSS_SELECTOR, "details[open] .tree.js-plotly-plot .point"), 30,
                      "a tree drawn in the report")
-            assert drv.find_element(By.CSS_SELECTOR, "details[open] .step-story").text
+            assert element(drv, "details[open] .step-story").text
             assert len(drv.find_elements(By.CSS_SELECTOR, ".lane-vanilla, .lane-dart")) == 2   # both lanes
             drv.save_screenshot(str(tmp_path / "report.png"))
             drv.close()
@@ -121,17 +120,17 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
             hand_trace().save(path)
             open_accordion(drv, "Traces")
             upload = wait_for(drv, lambda d: d.find_element(By.CSS_SELECTOR, "#upload input[type=file]"), 30,
-                              "the upload box")
+                              "the upload box")   # a file input is hidden: present is enough
             upload.send_keys(str(path))
             wait_for(drv, lambda d: "Loaded" in d.find_element(By.CSS_SELECTOR, "#message").text, 60,
                      "the replay message")
             wait_for(drv, lambda d: title_step(d) == 1, 30, "the replayed tree")
-            status = drv.find_element(By.CSS_SELECTOR, "#lane-dart .lane").get_attribute("data-status")
+            status = element(drv, "#lane-dart .lane").get_attribute("data-status")
             assert status.startswith("replay")
             # Token text with markup is shown as text everywhere (the hand trace has the token "<b>bold</b>").
             assert not drv.find_elements(By.CSS_SELECTOR, "#lane-dart b, #tree-plot b, #step-info b b")
-            tab = next(b for b in drv.find_elements(By.CSS_SELECTOR, "button[role=tab]") if "Pruning" in b.text)
-            tab.click()
+            wait_for(drv, lambda d: next(b for b in d.find_elements(By.CSS_SELECTOR, "button[role=tab]")
+                                         if "Pruning" in b.text).click() or True, 30, "the Pruning tab")
             wait_for(drv, lambda d: any(c.text == "<b>bold</b>" for c in d.find_elements(By.CSS_SELECTOR,
                                                                                          "#prune-table .body-cell")),
                      30, "the pruning table with the escaped token")
