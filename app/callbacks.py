@@ -313,6 +313,7 @@ class Callbacks:
                 out["summary"] = self.summary(session)
                 yield out
         finally:
+            self.sessions.touch(session)   # idle from the end of the run, not from its start
             session.running = False
         if stop.is_set():
             return  # the Stop or Clear handler shows the final state

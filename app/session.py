@@ -112,6 +112,10 @@ class SessionStore:
         why, session.freed = session.freed, ""
         return self._hold(session), why
 
+    def touch(self, session: Session) -> None:
+        """The session was used now."""
+        session.last_used = self.clock()
+
     def close(self, key: str) -> None:
         """The page closed: free its session now (unless it runs; the sweep frees it once idle)."""
         with self._lock:
@@ -153,7 +157,7 @@ class SessionStore:
 
     def _hold(self, session: Session) -> Session:
         with self._lock:
-            session.last_used = self.clock()
+            self.touch(session)
             self._held[session.key] = session
             self._held.move_to_end(session.key)
         if len(self._held) > self.max_sessions:

@@ -83,7 +83,9 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
               sessions: SessionStore | None = None) -> gr.Blocks:
     """The whole app around one shared engine. `preload`: traces every new session starts with (replay);
     `sessions`: the store that frees idle and closed sessions (app.session)."""
-    cb = Callbacks(engine, trace_dir, sessions)
+    # The session folders live inside Gradio's file cache: Gradio serves a file there as it is, where it would copy
+    # a file from elsewhere into its cache (a copy per download, never deleted while the process runs).
+    cb = Callbacks(engine, trace_dir or Path(gr.utils.get_upload_folder()) / "dart-lab-sessions", sessions)
     ttl = cb.sessions.ttl_s
     comps: dict[str, gr.components.Component] = {}
 

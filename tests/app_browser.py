@@ -7,17 +7,14 @@ a script to refresh the README screenshot:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
-import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from scripts.app_server import serve_app
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_NAMES = ("chromium", "chromium-browser")
@@ -36,46 +33,6 @@ def find_chromium() -> tuple[str | None, str | None, str]:
         return browser, driver, ("no chromium / chromedriver on PATH "
                                  "(apt-get install -y chromium chromium-driver; .ci/run installs them)")
     return browser, driver, ""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serve_app(*args: str, timeout: float = 180.0, log_path: Path | None = None):
-    """Start `python app.py ARGS --port FREE` and yield its URL once it answers; stop it (by pid) afterwards."""
-    port = free_port()
-    log_path = log_path or Path(tempfile.mkstemp(prefix="dart-lab-app-", suffix=".log")[1])
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port),
-                                 *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the app exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the app did not answer within {timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def make_driver(browser: str, driver: str, width: int = 1500, height: int = 1900):
@@ -200,7 +157,7 @@ def main(argv=None) -> int:
         return 2
     from selenium.webdriver.common.by import By
     width, height = (int(v) for v in args.size.split("x"))
-    with serve_app(*args.app_arg) as url:
+    with serve_app(*args.app_arg) as (url, _):
         drv = make_driver(browser, driver, width, height)
         try:
             drv.get(url)

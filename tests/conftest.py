@@ -10,6 +10,7 @@ from tests.app_fixtures import big_search_trace, hand_trace, tiny_traces
 # CPU has them, stand-ins (dart_core.kernels.STAND_IN_OPS) where it does not, so every path runs on every machine.
 GATED = ("onednn", "onednn_bf16")
 _used_by: list[str] = []
+_reported: list[str] = []    # measurements that tests report (not assert on), shown at the end of the run
 
 
 def gated_paths() -> str:
@@ -24,6 +25,8 @@ def pytest_report_header(config):
 
 
 def pytest_terminal_summary(terminalreporter):
+    for line in _reported:
+        terminalreporter.write_line(line)
     if _used_by:
         terminalreporter.write_line(f"capability-gated kernels ({gated_paths()}) ran in {len(_used_by)} tests "
                                     f"through the `capable` fixture")
@@ -62,3 +65,9 @@ def tiny():
 def big():
     """One step with a default-size candidate pool (tests/app_fixtures.big_search_trace)."""
     return big_search_trace()
+
+
+@pytest.fixture
+def report(request):
+    """report(text): a line for the end of the test run (a number worth reading that no assertion bounds)."""
+    return lambda text: _reported.append(f"{request.node.name}: {text}")

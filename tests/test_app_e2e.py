@@ -37,7 +37,7 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
         pytest.fail(f"CI must run the browser test, but {WHY}")
     from selenium.webdriver.common.by import By
 
-    with serve_app("--draft", "random", "--ngram", "none", log_path=tmp_path / "app.log") as url:
+    with serve_app("--draft", "random", "--ngram", "none", log_path=tmp_path / "app.log") as (url, _):
         drv = make_driver(BROWSER, DRIVER, 1500, 1400)
         try:
             drv.get(url)

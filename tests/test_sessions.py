@@ -113,3 +113,21 @@ def test_a_page_whose_run_was_freed_is_told_why_and_can_run_again(tmp_path):
     assert "freed" not in cb.pick_step(session, "dart", 1).get("message", "")
     list(cb.run(session, *run_args("hello", max_new_tokens=6)))
     assert session.lanes["dart"].trace.output_ids == session.lanes["vanilla"].trace.output_ids
+
+
+def test_a_run_longer_than_the_ttl_keeps_its_session_and_starts_its_idle_time_at_the_end(tmp_path):
+    clock = Clock()
+    store = SessionStore(ttl_s=60, max_sessions=4, clock=clock)
+    cb = Callbacks(tiny_engine(), tmp_path, store)
+    session = store.open()
+    updates = cb.run(session, *run_args("hello", max_new_tokens=6))
+    next(updates)
+    clock.now += 600                                 # a run of ten minutes: never freed while it runs
+    store.sweep()
+    assert session.running and not session.freed
+    list(updates)
+    store.sweep()                                    # idle since the run ended, not since it started
+    assert not session.freed and session.trace_folder and (tmp_path / session.trace_folder).exists()
+    clock.now += 61
+    store.sweep()
+    assert session.freed == "idle"
