@@ -26,8 +26,8 @@ from .lanes import LANE_ORDER, Lane
 # short enough that at 1,000 visitors a day (about 3 a minute at a busy hour) some 60 idle sessions are held at most,
 # most pages being closed (and freed) sooner.
 DEFAULT_TTL_S = 1200.0
-# At most this many at once: a 128-token three-lane run holds about 30 MB here (see the README), so the cap keeps
-# the sessions under about 2 GB of a Space's 16 GB.
+# At most this many at once: a session of a 128-token run (plain and DART) holds about 10 MB with Gradio's own page
+# data (measured by scripts/soak.py, see the README), so 64 keep well under 1 GB of a Space's 16 GB.
 DEFAULT_MAX_SESSIONS = 64
 TTL_ENV, MAX_ENV = "DART_LAB_SESSION_TTL", "DART_LAB_MAX_SESSIONS"
 

@@ -108,14 +108,16 @@ def dismiss_tour(drv) -> None:
              not d.find_element(By.CSS_SELECTOR, "#tour-ok").is_displayed(), 30, "the tour to close")
 
 
-def run_prompt(drv, prompt: str, timeout: float = 150.0) -> None:
-    """Type a prompt, press Run, and wait until both lanes are done."""
+def run_prompt(drv, prompt: str, timeout: float = 150.0, wait: bool = True) -> None:
+    """Type a prompt, press Run, and wait until the run starts and (`wait`) until both lanes are done."""
     from selenium.webdriver.common.by import By
     box = element(drv, "#prompt textarea", "the prompt box", 60)
     box.clear()
     box.send_keys(prompt)
     click(drv, "#run-btn", "the Run button")
     wait_for(drv, lambda d: lane_status(d, "dart") not in ("idle",), 30, "the run to start")
+    if not wait:
+        return
     wait_for(drv, lambda d: all(lane_status(d, k).startswith("done") for k in ("vanilla", "dart")), timeout,
              "both lanes to finish")
     wait_for(drv, lambda d: d.find_element(By.CSS_SELECTOR, "#run-btn").is_enabled(), 60, "the run to end")

@@ -2,8 +2,8 @@
 
 Starts `python app.py` (default model, random draft head) on a free port, types a prompt, runs it, waits for both
 lanes, checks that the tree is drawn and that the step selector (prev, slider, token click) changes it, plays a
-step's animation frame by frame, exports the run as HTML and opens that file from disk, and replays an uploaded
-trace. Skips, saying why, only when chromium, chromedriver or selenium is missing (.ci/run installs them).
+step's animation frame by frame, exports the run as HTML and opens that file from disk, replays an uploaded trace,
+and has a second page queue behind a long run (it sees its place) and free its session when closed. Skips, saying why, only when chromium, chromedriver or selenium is missing (.ci/run installs them).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import urllib.request
 
 import pytest
 
-from tests.app_browser import (click, dismiss_tour, element, find_chromium, make_driver, open_accordion, run_prompt,
-                               serve_app, set_slider, tree_points, tree_title, wait_for)
+from tests.app_browser import (click, dismiss_tour, element, find_chromium, lane_status, make_driver, open_accordion,
+                               run_prompt, serve_app, set_slider, tree_points, tree_title, wait_for)
 from tests.app_fixtures import hand_trace
 
 BROWSER, DRIVER, WHY = find_chromium()
@@ -24,6 +24,8 @@ pytestmark = pytest.mark.skipif(bool(WHY) and not os.environ.get("CI"),
                                 reason=f"end-to-end browser test skipped: {WHY}")
 
 MAX_NEW = 24
+LONG_RUN = 96     # tokens of the run that holds the model while a second page queues behind it
+QUEUE_TEXT = re.compile(r"queue: (\d+)/(\d+)")   # Gradio's status on the queued page's lanes (with the wait)
 
 
 def title_step(drv) -> int:
@@ -135,5 +137,36 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
                                                                                          "#prune-table .body-cell")),
                      30, "the pruning table with the escaped token")
             drv.save_screenshot(str(tmp_path / "replay.png"))
+
+            # A second visitor who presses Run while the first one's run holds the model sees their place in the
+            # queue and the wait on the lanes; closing that page frees its session at once.
+            other = make_driver(BROWSER, DRIVER, 1500, 1400)
+            try:
+                other.get(url)
+                dismiss_tour(other)
+                element(other, "#prompt textarea", "the second page's prompt box").send_keys("Name three colours.")
+                set_slider(drv, "max-new-tokens", LONG_RUN)
+                run_prompt(drv, "Write a Python function that adds two numbers.", wait=False)
+                wait_for(drv, lambda d: lane_status(d, "dart").startswith("running"), 60, "the long run to run")
+                click(other, "#run-btn", "the second page's Run button")
+                queued = wait_for(other, lambda d: QUEUE_TEXT.search(d.find_element(By.CSS_SELECTOR, "#lanes").text),
+                                  60, "the queue position on the second page")
+                other.save_screenshot(str(tmp_path / "queued.png"))
+                assert int(queued.group(1)) >= 1 and int(queued.group(2)) >= int(queued.group(1))
+                wait_for(other, lambda d: all(lane_status(d, k).startswith("done") for k in ("vanilla", "dart")), 240,
+                         "the second page's run")
+                assert "queue:" not in other.find_element(By.CSS_SELECTOR, "#lanes").text
+            finally:
+                other.quit()
+            wait_for(drv, lambda d: app_health(url)["freed"]["closed"] >= 1, 60, "the closed page's session freed")
         finally:
             drv.quit()
+
+
+def app_health(url: str) -> dict:
+    from gradio_client import Client
+    client = Client(url, verbose=False, download_files=False)
+    try:
+        return client.predict(api_name="/health")
+    finally:
+        client.close()
