@@ -238,8 +238,9 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
         run_inputs = [c["state"], c["prompt"], c["use_pld"], *(c[k.name] for k in SAMPLING_KNOBS),
                       *(c[k.name] for k in TREE_KNOBS), c["show_pruned"], c["lookup_branch"], c["auto_budget"]]
         run = _bind(cb.run, OUTPUT_NAMES)
-        # One model, one run at a time across all sessions: the others wait in the queue (shown on the lanes).
-        model_event = {"concurrency_limit": 1, "concurrency_id": MODEL_EVENTS, "show_progress": "minimal",
+        # One model, one run at a time across all sessions: the others wait in the queue, their place and the wait
+        # shown on the lanes ("minimal" keeps that text in the page but does not show it).
+        model_event = {"concurrency_limit": 1, "concurrency_id": MODEL_EVENTS, "show_progress": "full",
                        "show_progress_on": [c["lane_vanilla"], c["lane_dart"]]}
         run_evt = c["run_btn"].click(run, run_inputs, all_out, api_name="run", **model_event)
         submit_evt = c["prompt"].submit(run, run_inputs, all_out, **model_event, **hidden)
