@@ -486,6 +486,10 @@ def budget_text(budget: dict) -> str:
     """How the step's node budget was set, in words."""
     if not budget.get("auto"):
         return f"node budget {budget['nodes']} (fixed)"
+    fix = budget.get("curve")
+    if fix:   # the run's own verify times disagreed with the cost curve before this step
+        return (f"{budget_text({k: v for k, v in budget.items() if k != 'curve'})} · the cost curve was "
+                f"{fix['action']}: verifies took {fix['ratio']:.2f}× what it said")
     choice = budget.get("choice")
     if budget["nodes"] == 0:
         return "plain decoding: no tree pays on this machine (automatic budget)"

@@ -13,6 +13,11 @@ chooses the length with the budget, from one lookup of the longest.
 
 For greedy decoding these counts are exact; under sampling they use the sampled continuation, an estimate.
 
+The curve is checked against the run itself: every CHECK_STEPS verify steps, the median of measured / predicted
+verify time. Where it is off by more than CURVE_TOLERANCE either way (a curve measured while another job held the
+cores, a machine that changed), the curve is measured again (once: `remeasure`, which also replaces the cached one),
+and if it still disagrees, scaled by what the run measured.
+
 Where no budget beats plain decoding (1 token per t(1), no drafting at all), the choice is budget 0: the proposer
 then skips the draft head and the search, so DART costs what plain decoding costs, except for one probe step every
 PROBE_EVERY steps that keeps measuring whether drafting pays again.
@@ -35,6 +40,8 @@ PROBE_EVERY = 8          # while plain decoding is chosen, draft one step in thi
 # the plain mode still pays (feature taps, the head catching up, the probes). On the 2-core AVX2 EPYC, 20 prompts:
 # choosing plain at parity made `dart` 0.96x and `dart_pld` 1.18x fp32 generate, against 0.99x and 1.23x without.
 PLAIN_MARGIN = 1.1
+CHECK_STEPS = 8          # verify steps whose measured times are held against the curve at once (their median)
+CURVE_TOLERANCE = 1.5    # measured / predicted beyond this (or below its inverse): the curve disagrees with the run
 
 
 @dataclass
@@ -135,8 +142,10 @@ class AutoBudget:
     search, then `lookup_tokens` is the branch length to graft; `remember` after the search, with the branch looked
     up at its longest."""
 
-    def __init__(self, curve, start: int, max_budget: int = MAX_BUDGET):
+    def __init__(self, curve, start: int, max_budget: int = MAX_BUDGET, remeasure=None):
+        """remeasure: a function that measures the cost curve again (None: a disagreeing curve is only scaled)."""
         self.curve, self.start, self.max_budget = curve, int(start), int(max_budget)
+        self.remeasure, self._ratios = remeasure, []
         self.budgets = np.arange(self.max_budget + 1)
         self.overhead, self._timed = 0.0, 0              # mean seconds of drafting and search per step
         self.pending: list[_Pending] = []
@@ -187,6 +196,22 @@ class AutoBudget:
             return
         self.pending.append(_Pending(len(context) - 1, candidates.token, candidates.parent, pool_ranks(candidates),
                                      list(branch[:self.lengths[-1]]), int(candidates.level.max()) + 1))
+
+    def observe_verify(self, tokens: int, seconds: float) -> dict | None:
+        """A verify of `tokens` tokens took `seconds`. Every CHECK_STEPS of them, the curve is checked; returns what
+        was done when it disagreed ({"ratio", "action": "re-measured" or "scaled", "curve"}), else None."""
+        self._ratios.append(seconds / self.curve.time(tokens))
+        if len(self._ratios) < CHECK_STEPS:
+            return None
+        ratio, self._ratios = float(np.median(self._ratios)), []
+        if 1 / CURVE_TOLERANCE <= ratio <= CURVE_TOLERANCE:
+            return None
+        if self.remeasure is not None:
+            self.curve, self.remeasure, action = self.remeasure(), None, "re-measured"
+        else:
+            self.curve, action = self.curve.scaled(ratio), "scaled"
+        self.choice = None            # choose again at the next step, on the new curve
+        return {"ratio": round(ratio, 3), "action": action, "curve": self.curve.to_dict()}
 
     def _settle(self, context: list[int]) -> None:
         keep = []

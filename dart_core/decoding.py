@@ -77,6 +77,7 @@ def generate(target: TargetModel, proposer: Proposer, prompt_ids: list[int],
         target.commit(cache, past, result.path)
         clock.mark()
         propose_time, verify_time, accept_time = clock.spans()
+        proposer.observe(len(tree), verify_time)
 
         features = feats[result.path] if feats is not None else None
         committed.extend(tree.tokens[i] for i in result.path)

@@ -49,6 +49,9 @@ class Proposer:
     def propose(self, context: list[int], new_features: torch.Tensor | None, max_nodes: int) -> Proposal:
         raise NotImplementedError
 
+    def observe(self, tokens: int, verify_seconds: float) -> None:
+        """The target verified the proposed tree (`tokens` tokens, the root included) in `verify_seconds`."""
+
 
 class VanillaProposer(Proposer):
     """Plain autoregressive decoding: the tree is the root alone, so each step emits one token."""
@@ -160,6 +163,11 @@ class DartProposer(Proposer):
         self.lookup = lookup
         if lookup is not None:
             self.name = DART_PLD
+        self._curve_event: dict | None = None    # the cost curve's last correction, for the next step's record
+
+    def observe(self, tokens, verify_seconds):
+        if self.auto_budget is not None:
+            self._curve_event = self.auto_budget.observe_verify(tokens, verify_seconds) or self._curve_event
 
     def reset(self):
         self.drafter.reset()
@@ -176,6 +184,8 @@ class DartProposer(Proposer):
             chosen = self.auto_budget.budget_for(context)
             choice = self.auto_budget.choice_record
             budget = {"nodes": chosen, "auto": True, **({"choice": choice} if choice else {})}
+            if self._curve_event is not None:
+                budget["curve"], self._curve_event = self._curve_event, None
             if self.lookup is not None and self.auto_budget.chooses_lookup:
                 budget["lookup"] = self.auto_budget.lookup_tokens
             if chosen == 0:   # plain decoding pays best here: no draft, no search; the head catches up later

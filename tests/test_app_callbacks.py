@@ -417,8 +417,9 @@ def test_an_automatic_budget_runs_and_draws_the_cost_on_this_machine(engine, tmp
     assert chosen, "no budget was chosen in 40 tokens"
     fig = cb.charts(session, "dart")["chart_cost"]
     names = [t.name for t in fig.data]
-    assert names[:2] == ["verify cost t(1+n) / t(1)", "expected speedup over plain decoding"]
-    assert list(fig.data[2].x) == [chosen[-1]]                                    # the chosen budget, marked
+    assert names[0].startswith("verify cost t(1+n) / t(1), fitted")
+    assert names[1:3] == ["measured (median)", "expected speedup over plain decoding"]   # the points of the fit
+    assert list(fig.data[3].x) == [chosen[-1]]                                    # the chosen budget, marked
     assert "threads" in fig.layout.title.text                                      # which machine it was
     # the step line says how each budget was set
     drafted = [s.index for s in dart.steps[1:] if s.budget["nodes"] and s.budget.get("choice")]

@@ -8,17 +8,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dart_core.budget import PLAIN_MARGIN, AutoBudget
+from app.callbacks import budget_text
+from dart_core.budget import CHECK_STEPS, PLAIN_MARGIN, AutoBudget
 from dart_core.decoding import GenerationConfig, run
 from dart_core.forensics import lookup_effects
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer
 from dart_core.methods import DART_PLD
-from dart_core.setup.calibration import CostCurve
+from dart_core.setup.calibration import CostCurve, measure_cost_curve, monotone_fit
 from dart_core.setup.defaults import LOOKUP_LONGEST, LOOKUP_TOKENS
 from dart_core.setup.loading import build_proposer
 from dart_core.trace import RunSettings
+from dart_core.views.figures import cost_figure
 from dart_core.tree_search import SearchConfig, search
 from tests.tiny import OracleDrafter, plain_greedy_reference, random_head, tiny_target
 
@@ -203,3 +205,52 @@ def test_dart_pld_chooses_its_branch_length_as_it_goes_and_stays_lossless():
             tree, _ = tree.with_branch(dart.lookup.lookup(trace.context_at(s.index))[:n], n)
             again += len(tree.follow(trace.output_ids[sum(len(x.new_tokens) for x in trace.steps[:s.index]):])[0]) - 1
         assert effects[n].extra_tokens == again - sum(s.accepted for s in steps), n
+
+
+def test_the_measured_curve_is_a_median_fitted_never_to_decrease(one_thread):
+    noisy = (0.075, 0.080, 0.104, 0.085, 0.090)          # t(12) above t(16): seen on a 2-core EPYC
+    fit = monotone_fit(noisy)
+    assert all(a <= b for a, b in zip(fit, fit[1:])) and fit[:2] == noisy[:2]
+    assert monotone_fit((1.0, 2.0, 3.0)) == (1.0, 2.0, 3.0)            # a curve that is already monotone stays
+    curve = measure_cost_curve(tiny_target("llama", seed=8), rows=(1, 2, 4, 8), context=16, rounds=3)
+    assert len(curve.measured) == 4 and curve.seconds == monotone_fit(curve.measured)
+    assert CostCurve.from_dict(curve.to_dict()) == CostCurve(curve.rows, tuple(round(s, 6) for s in curve.seconds),
+                                                             curve.context, tuple(round(m, 6) for m in curve.measured))
+    assert CostCurve.from_dict({"rows": [1, 2], "seconds": [1.0, 2.0], "context": 8}).measured is None   # old files
+
+
+def test_a_curve_the_run_disagrees_with_is_measured_again_then_scaled():
+    calls = []
+
+    def remeasure():
+        calls.append(1)
+        return CostCurve((1, 64), (0.02, 0.02))        # still half of what the run measures
+    auto = AutoBudget(CostCurve((1, 64), (0.01, 0.01)), start=8, remeasure=remeasure)
+    events = [auto.observe_verify(4, 0.012) for _ in range(CHECK_STEPS)]   # 1.2x: within the tolerance
+    assert events == [None] * CHECK_STEPS and not calls
+    events = [auto.observe_verify(4, 0.04) for _ in range(CHECK_STEPS)]    # 4x slower than the curve says
+    assert events[:-1] == [None] * (CHECK_STEPS - 1) and calls == [1]
+    assert events[-1]["action"] == "re-measured" and events[-1]["ratio"] == pytest.approx(4.0)
+    assert auto.curve.seconds == (0.02, 0.02)
+    last = [auto.observe_verify(4, 0.04) for _ in range(CHECK_STEPS)][-1]   # still 2x: measured once, then scaled
+    assert calls == [1] and last["action"] == "scaled" and auto.curve.time(4) == pytest.approx(0.04)
+    assert [auto.observe_verify(4, 0.04) for _ in range(CHECK_STEPS)] == [None] * CHECK_STEPS   # agrees now
+
+
+def test_decoding_corrects_a_wrong_curve_and_stays_lossless():
+    target = tiny_target("llama", seed=9)
+    prompt = [1, 5, 9, 13, 17]
+    wrong = CostCurve((1, 64), (100.0, 100.0))                                # ten thousand times too slow
+    auto = AutoBudget(wrong, start=6, max_budget=20, remeasure=lambda: wrong)  # measured again: as wrong
+    dart = DartProposer(OracleDrafter(target, n_rows=3), SearchConfig(node_budget=6), auto_budget=auto)
+    trace = run(target, dart, prompt, GenerationConfig(max_new_tokens=128))
+    assert trace.output_ids == plain_greedy_reference(target, prompt, 128)
+    fixes = [s.budget["curve"] for s in trace.steps[1:] if s.budget.get("curve")]
+    assert [f["action"] for f in fixes][:2] == ["re-measured", "scaled"] and fixes[0]["ratio"] < 0.01
+    assert auto.curve.time(1) < 1.0                                            # scaled to what the run measured
+    trace.settings.machine = {"cost_curve": wrong.to_dict(), "summary": "a CPU"}
+    fig = cost_figure(trace)                                                   # the chart draws the corrected one
+    assert "scaled: the run measured" in fig.data[0].name
+    assert fig.data[0].y[0] == pytest.approx(1.0) and fig.data[0].y[-1] == pytest.approx(1.0)
+    fixed = next(s for s in trace.steps[1:] if s.budget.get("curve"))
+    assert "the cost curve was re-measured: verifies took" in budget_text(fixed.budget)

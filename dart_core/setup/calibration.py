@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from scipy.optimize import isotonic_regression
 
 from ..draft_kernels import int8_copy, int8_supported, time_head
 from ..errors import ConfigError
@@ -28,15 +29,20 @@ from .files import write_atomic
 
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # verify sizes (tree nodes + root) measured
 CURVE_CONTEXT = 256        # tokens in the cache when the curve is measured: a typical prompt plus some output
+CURVE_ROUNDS = 3           # timed passes over every size, interleaved (a slow moment hits all sizes alike); median
+CURVE_FIT = "median3+isotonic"   # how the cached curve was made: a curve made another way is measured again
 FORMAT = "dart-lab-calibration/1"
 
 
 @dataclass
 class CostCurve:
-    """t(k): seconds of one verify forward of k tokens on this machine, for the loaded model, dtype and threads."""
+    """t(k): seconds of one verify forward of k tokens on this machine, for the loaded model, dtype and threads.
+    `seconds` is the fit (never decreasing in k: a larger tree never costs less), `measured` the medians it was
+    fitted to (for the cost chart; None for a curve given by hand)."""
     rows: tuple[int, ...]
     seconds: tuple[float, ...]
     context: int = CURVE_CONTEXT
+    measured: tuple[float, ...] | None = None
 
     def time(self, k: int) -> float:
         """t(k), linear between the measured sizes (and beyond the largest, along its last segment)."""
@@ -54,12 +60,28 @@ class CostCurve:
         """t(k) / t(1): what a verify of k tokens costs in one-token forwards."""
         return self.time(k) / self.seconds[0]
 
+    def scaled(self, factor: float) -> "CostCurve":
+        """The same shape, every time multiplied by `factor` (what a run measured against what the curve said)."""
+        measured = None if self.measured is None else tuple(m * factor for m in self.measured)
+        return CostCurve(self.rows, tuple(s * factor for s in self.seconds), self.context, measured)
+
     def to_dict(self) -> dict:
-        return {"rows": list(self.rows), "seconds": [round(s, 6) for s in self.seconds], "context": self.context}
+        d = {"rows": list(self.rows), "seconds": [round(s, 6) for s in self.seconds], "context": self.context}
+        if self.measured is not None:
+            d["measured"] = [round(s, 6) for s in self.measured]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostCurve":
-        return cls(tuple(int(r) for r in d["rows"]), tuple(float(s) for s in d["seconds"]), int(d["context"]))
+        measured = tuple(float(s) for s in d["measured"]) if d.get("measured") else None
+        return cls(tuple(int(r) for r in d["rows"]), tuple(float(s) for s in d["seconds"]), int(d["context"]),
+                   measured)
+
+
+def monotone_fit(seconds) -> tuple[float, ...]:
+    """The closest never-decreasing sequence (least squares): a verify of more tokens does not cost less, so a
+    size measured faster than a smaller one was noise (seen: t(12) 104 ms, t(16) 85 ms)."""
+    return tuple(float(s) for s in isotonic_regression(np.asarray(seconds, dtype=np.float64)).x)
 
 
 def machine_key(target: TargetModel, what: str, extra: str = "") -> str:
@@ -108,25 +130,26 @@ def kernel_plan(target: TargetModel, recalibrate: bool = False) -> KernelPlan | 
 
 @torch.inference_mode()
 def measure_cost_curve(target: TargetModel, rows=CURVE_ROWS, context: int = CURVE_CONTEXT,
-                       rounds: int = 2) -> CostCurve:
-    """Time one verify forward of k tokens (a chain: the mask does not change the cost) after `context` tokens."""
+                       rounds: int = CURVE_ROUNDS) -> CostCurve:
+    """Time one verify forward of k tokens (a chain: the mask does not change the cost) after `context` tokens:
+    `rounds` passes over every size after a warm-up pass, the median per size, fitted never to decrease."""
     context = min(context, target.max_positions - max(rows) - 1)
     cache = target.new_cache()
     ids = [i % target.vocab_size for i in range(100, 100 + context)]
     target.prefill(ids, cache)
-    best = []
-    for k in rows:
-        tree = TokenTree.chain(ids[-1], ids[:k - 1])
-        times = []
-        for _ in range(rounds + 1):   # the first is a warm-up
+    trees = [TokenTree.chain(ids[-1], ids[:k - 1]) for k in rows]
+    times: list[list[float]] = [[] for _ in rows]
+    for round_ in range(rounds + 1):   # the first pass is a warm-up
+        for i, tree in enumerate(trees):
             t0 = time.perf_counter()
             target.verify(tree, cache)
             if target.device.type == "cuda":
                 torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
+            if round_:
+                times[i].append(time.perf_counter() - t0)
             target.rollback(cache, context)
-        best.append(min(times[1:]))
-    return CostCurve(tuple(rows), tuple(best), context)
+    medians = tuple(float(np.median(t)) for t in times)
+    return CostCurve(tuple(rows), monotone_fit(medians), context, medians)
 
 
 def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) -> CostCurve:
@@ -135,7 +158,8 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
         if target.fast_linears is not None else ""
     # the output layer's implementation too: a faster one (MkldnnLinear became PackedLinear) changes the curve
     output = type(target.output_head).__name__ if target.output_head is not None else "model"
-    name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}|{output}")
+    name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}|{output}|"
+                                       f"{CURVE_FIT}")
     return cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
                    "the verify cost curve")
 

@@ -184,9 +184,10 @@ def make_proposer(method: str, target: TargetModel, draft: str | None = "default
 
 
 def auto_budget(target: TargetModel, model_name: str, search: SearchConfig, recalibrate: bool = False) -> AutoBudget:
-    """A node budget chosen as the run goes, on this machine's measured verify cost curve (measured once, cached),
-    starting from search.node_budget."""
-    return AutoBudget(cost_curve(target, model_name, recalibrate), start=search.node_budget)
+    """A node budget chosen as the run goes, on this machine's measured verify cost curve (measured once, cached;
+    measured again if the run's own verify times disagree with it), starting from search.node_budget."""
+    return AutoBudget(cost_curve(target, model_name, recalibrate), start=search.node_budget,
+                      remeasure=lambda: cost_curve(target, model_name, recalibrate=True))
 
 
 @dataclass

@@ -471,12 +471,24 @@ def cost_figure(trace: Trace | None) -> go.Figure:
     curve = CostCurve.from_dict(machine["cost_curve"]) if machine and machine.get("cost_curve") else None
     if curve is None:
         return message_figure("Run DART with an automatic node budget to see what trees cost on this machine.")
+    # the run may have corrected the curve against its own verify times (dart_core.budget): the last one counts
+    fix = next((s.budget["curve"] for s in reversed(trace.steps) if s.budget and s.budget.get("curve")), None)
+    if fix is not None:
+        curve = CostCurve.from_dict(fix["curve"])
     choice = next((s.budget["choice"] for s in reversed(trace.steps) if s.budget and s.budget.get("choice")), None)
     ks = list(range(1, curve.rows[-1] + 1))
+    name = "verify cost t(1+n) / t(1), fitted" + (f" ({fix['action']}: the run measured {fix['ratio']:.2f}×)"
+                                                   if fix else "")
     fig = go.Figure(go.Scatter(x=[k - 1 for k in ks], y=[curve.relative(k) for k in ks], mode="lines",
-                               name="verify cost t(1+n) / t(1)", line={"color": "#4fc3f7"},
+                               name=name, line={"color": "#4fc3f7"},
                                hovertemplate="%{x} draft nodes: a verify costs %{y:.2f} one-token forwards"
                                              "<extra></extra>"))
+    if curve.measured is not None:   # the medians the fit was made from: how noisy the measurement was
+        t1 = curve.seconds[0]
+        fig.add_trace(go.Scatter(x=[k - 1 for k in curve.rows], y=[m / t1 for m in curve.measured], mode="markers",
+                                 name="measured (median)", marker={"color": "#0277bd", "size": 7},
+                                 hovertemplate="%{x} draft nodes: measured %{y:.2f} one-token forwards"
+                                               "<extra></extra>"))
     if choice and choice.get("tokens_by_budget"):
         t1, overhead = curve.seconds[0], choice.get("overhead_s", 0.0)
         budgets = list(range(1, len(choice["tokens_by_budget"])))
