@@ -16,6 +16,7 @@ from dart_core.tools.args import (DRAFT_HELP, DRAFT_INT8_HELP, DTYPE_HELP, HUB_H
 from dart_core.trace import Trace
 
 from .engine import Engine
+from .health import trim_malloc
 from .session import SessionStore
 
 DEFAULT_HOST = "127.0.0.1"
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
     for notice in engine.notices:
         print(f"[dart-lab] {notice}", file=sys.stderr)
     demo = build_app(engine, preload=traces, sessions=sessions)
-    sessions.start_sweeping()
+    sessions.start_sweeping(after_freeing=trim_malloc)
     demo.queue(default_concurrency_limit=4)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False,
                 **launch_kwargs(sessions))

@@ -3,6 +3,8 @@ and their folders, Gradio's own per-page data and file cache, and the process's 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 from pathlib import Path
 
@@ -16,6 +18,16 @@ def rss_bytes() -> int:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def trim_malloc() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim; False where there is no glibc). Freed
+    sessions leave their large buffers (figure JSON, traces) in malloc's arenas, which Python does not return."""
+    name = ctypes.util.find_library("c")
+    try:
+        return bool(ctypes.CDLL(name).malloc_trim(0)) if name else False
+    except (OSError, AttributeError):
+        return False
 
 
 def bytes_under(folder: Path | str | None) -> int:

@@ -134,14 +134,20 @@ class SessionStore:
             for session in idle[: max(0, len(self._held) - self.max_sessions)]:
                 self._free(session, "cap")
 
-    def start_sweeping(self) -> threading.Thread:
-        """Sweep in the background, a few times per TTL (at least once a minute)."""
+    def start_sweeping(self, after_freeing=None) -> threading.Thread:
+        """Sweep in the background, a few times per TTL (at least once a minute); `after_freeing()` runs after a
+        sweep that freed a session."""
         interval = min(60.0, self.ttl_s / 4)
 
         def loop():
+            seen = 0
             while True:
                 time.sleep(interval)
                 self.sweep()
+                freed = sum(self.freed.values())   # by this sweep, or by the cap since the last one
+                if after_freeing is not None and freed > seen:
+                    after_freeing()
+                seen = freed
         thread = threading.Thread(target=loop, name="dart-lab-session-sweep", daemon=True)
         thread.start()
         return thread

@@ -4,6 +4,8 @@ is told so and goes on with an empty one; the environment sets the TTL and the c
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from app.callbacks import Callbacks
@@ -131,3 +133,11 @@ def test_a_run_longer_than_the_ttl_keeps_its_session_and_starts_its_idle_time_at
     clock.now += 61
     store.sweep()
     assert session.freed == "idle"
+
+
+def test_the_background_sweep_frees_idle_sessions_and_then_gives_memory_back(tmp_path):
+    store = SessionStore(ttl_s=0.2, max_sessions=4)
+    _, folder = with_folder(store, tmp_path, "idle")
+    given_back = threading.Event()
+    store.start_sweeping(after_freeing=given_back.set)
+    assert given_back.wait(5.0) and not folder.exists() and store.stats()["sessions"] == 0
