@@ -1,6 +1,7 @@
 """Training the draft head end to end on a tiny model (seconds), and what the trained files promise."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -8,8 +9,10 @@ import torch
 from dart_core.decoding import GenerationConfig, run
 from dart_core.draft_head import DraftHead, DraftHeadError
 from dart_core.proposers import DartProposer, HeadDrafter
-from dart_core.training.trainer import Trainer, TrainConfig, choose_draft_vocab, sequence_batch
-from dart_core.training.data import sequence_example
+from dart_core.training import data as data_mod, trainer as trainer_mod
+from dart_core.training.head_forward import train_logits
+from dart_core.training.trainer import SoftCrossEntropy, Trainer, TrainConfig, choose_draft_vocab, sequence_batch
+from dart_core.training.data import cached_example, sequence_example, top_labels
 from tests.tiny import plain_greedy_reference, tiny_target
 
 
@@ -48,6 +51,94 @@ def test_anchor_targets_line_up(data):
         for r in range(3):
             if batch["row_ok"][a, r]:  # row r of anchor p: the target's choice for token p + 2 + r
                 assert int(batch["argmax"][a, r]) == int(s["label_ids"][p + 1 + r, 0])
+
+
+@pytest.mark.parametrize("n_mask", [1, 3])
+def test_the_training_forward_gives_forward_trains_logits_and_gradients(data, n_mask):
+    target, _ = data
+    from dart_core.draft_head import DraftConfig
+
+    cfg = DraftConfig.for_target(target.config, n_mask=n_mask, tie_output=False, draft_vocab_size=40,
+                                 standardize_features=True)
+    head = DraftHead.random(cfg, seed=3).train()
+    gen = torch.Generator().manual_seed(0)
+    T, H = 30, target.hidden_size
+    feats, embeds = torch.randn(T, 3 * H, generator=gen), torch.randn(T, H, generator=gen)
+    for anchors in (torch.tensor([0]), torch.tensor([2, 3, 9, 17, 28]), torch.arange(T - 1)):
+        want, got = head.forward_train(feats, embeds, anchors), train_logits(head, feats, embeds, anchors)
+        assert got.shape == (len(anchors), n_mask + 1, 40)
+        assert torch.allclose(got, want, atol=1e-5)
+        weights = torch.randn(want.shape, generator=gen)  # any loss: every row's gradient must match
+        grads_want = torch.autograd.grad((want * weights).sum(), list(head.parameters()), allow_unused=True)
+        grads_got = torch.autograd.grad((got * weights).sum(), list(head.parameters()), allow_unused=True)
+        for (name, _), a, b in zip(head.named_parameters(), grads_want, grads_got):
+            assert (a is None) == (b is None), name
+            assert a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-4), name
+
+
+def reference_soft_ce(logits, ids, probs):
+    return -(probs * torch.log_softmax(logits.float(), dim=-1).gather(-1, ids)).sum(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_chunked_soft_cross_entropy_is_autograds(monkeypatch, dtype):
+    monkeypatch.setattr(trainer_mod, "LOSS_CHUNK_ROWS", 4)  # 7 * 3 rows: chunks, and a short last one
+    gen = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(7, 3, 50, generator=gen)).to(dtype)
+    ids = torch.randint(0, 50, (7, 3, 4), generator=gen)
+    probs = torch.rand(7, 3, 4, generator=gen)
+    probs = probs / probs.sum(-1, keepdim=True)
+    probs[0, 1] = 0                           # a row with no mass (no label inside the draft vocabulary)
+    ids[1, 2, 2:], probs[1, 2, 2:] = 0, 0     # labels outside the vocabulary: id 0 twice, with no mass
+    weights = torch.rand(7, 3, generator=gen)
+    mine, ref = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    loss, want = SoftCrossEntropy.apply(mine, ids, probs), reference_soft_ce(ref, ids, probs)
+    assert torch.allclose(loss, want, atol=1e-5)
+    (loss * weights).sum().backward()
+    (want * weights).sum().backward()
+    assert mine.grad.dtype == dtype
+    rtol = 1e-2 if dtype == torch.bfloat16 else 1e-5  # bf16: one rounding of the same float gradient
+    assert torch.allclose(mine.grad.float(), ref.grad.float(), atol=1e-6, rtol=rtol)
+
+
+def test_top_labels_are_the_softmaxs_top_k(monkeypatch):
+    monkeypatch.setattr(data_mod, "LABEL_CHUNK_ROWS", 3)
+    logits = 4 * torch.randn(10, 96, generator=torch.Generator().manual_seed(1))
+    ids, probs = top_labels(logits, k=5)
+    want = logits.softmax(-1).topk(5, dim=-1)
+    assert torch.equal(ids, want.indices) and torch.allclose(probs, want.values, atol=1e-6)
+
+
+def same_example(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+                                        for k in a)
+
+
+def test_the_feature_cache_runs_the_target_once_per_sequence(data, tmp_path, monkeypatch):
+    target, _ = data
+    prompt, response = [5, 17, 33, 8], [9, 10, 11, 12, 13]
+    first = cached_example(tmp_path, target, prompt, response)
+    assert same_example(first, sequence_example(target, prompt, response))
+    (path,) = tmp_path.glob("*.pt")
+    with monkeypatch.context() as m:
+        m.setattr(data_mod, "sequence_example", lambda *a: pytest.fail("the target ran again"))
+        assert same_example(cached_example(tmp_path, target, prompt, response), first)
+    other = cached_example(tmp_path, target, prompt, response[:-1])  # another sequence: its own file
+    assert len(list(tmp_path.glob("*.pt"))) == 2 and other["ids"].numel() == 8
+    path.write_bytes(path.read_bytes()[:100])  # a file cut short by a stop is computed again
+    assert same_example(cached_example(tmp_path, target, prompt, response), first)
+    assert same_example(torch.load(path, weights_only=True), first)
+
+
+def test_the_head_trains_in_bf16_only_where_bf16_is_native(data, tmp_path, monkeypatch):
+    target, seqs = data
+    cfg = TrainConfig(n_mask=2, draft_vocab=48, anchors=8)
+    for native, asked, dtype in ((True, True, torch.bfloat16), (False, True, torch.float32),
+                                 (True, False, torch.float32)):
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+        trainer = Trainer(target, seqs[:6], seqs[:3], replace(cfg, bf16=asked), tmp_path, stop_ids={2})
+        _, logits = trainer._forward(seqs[0], random.Random(0))
+        assert trainer.bf16 == (dtype == torch.bfloat16) and logits.dtype == dtype
 
 
 def test_training_runs_end_to_end_and_the_head_decodes_losslessly(data, tmp_path):

@@ -18,8 +18,8 @@ import torch
 from ..draft_head import DraftHeadError
 from ..head_formats import load_head
 from ..setup.loading import load_ngram, load_target, stop_ids
-from ..training.data import (generate_responses, read_jsonl, sequence_example, sharegpt_sequences,
-                             stdlib_code_sequences)
+from ..training.data import (cached_example, generate_responses, read_jsonl, sequence_example,
+                             sharegpt_sequences, stdlib_code_sequences)
 from ..training.trainer import Trainer, TrainConfig
 from .args import CliError, add_model_args
 
@@ -55,9 +55,14 @@ def register(sub) -> None:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--row-decay", type=float, default=0.8)
     t.add_argument("--eval-every", type=int, default=100)
+    t.add_argument("--head-fp32", action="store_true",
+                   help="train the head in fp32 (default: bf16 autocast where this CPU or GPU has native bf16)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--vocab-ngram", default="default",
                    help="n-gram table whose unigram counts help choose the draft vocabulary ('none' = labels only)")
+    t.add_argument("--feature-cache", default=None, metavar="DIR",
+                   help="keep the target's features and labels of every sequence here (about 3.5 KB per token), "
+                        "so later epochs and resumed runs skip the target's forward")
     t.add_argument("--resume", action="store_true")
     t.add_argument("--init-from", default=None, metavar="HEAD_DIR",
                    help="start from a trained head (its K and draft vocabulary) with a fresh schedule; its "
@@ -129,7 +134,7 @@ def cmd_train(args) -> int:
         raise CliError(f"cannot create {out}: {exc.strerror}") from None
     cfg = TrainConfig(n_mask=args.n_mask, draft_vocab=args.draft_vocab, anchors=args.anchors,
                       accumulate=args.accumulate, lr=args.lr, row_decay=args.row_decay, max_steps=args.steps,
-                      minutes=args.minutes, eval_every=args.eval_every, seed=args.seed,
+                      minutes=args.minutes, eval_every=args.eval_every, seed=args.seed, bf16=not args.head_fp32,
                       warmup=min(100, max(1, args.steps // 20)))
     target, stops = _load(args.model, args.dtype, args.device)
     start = _starting_head(args.init_from, target)
@@ -140,6 +145,8 @@ def cmd_train(args) -> int:
     print(f"[train] {len(train_recs)} training sequences, {len(heldout_recs)} held out", flush=True)
 
     def example(rec):
+        if args.feature_cache:
+            return cached_example(args.feature_cache, target, rec["prompt_ids"], rec["response_ids"])
         return sequence_example(target, rec["prompt_ids"], rec["response_ids"])
 
     heldout = [example(r) for r in heldout_recs]

@@ -1,8 +1,9 @@
 """Training the DART draft head on the target's features and labels, computed as sequences come (see data.py).
 
 Each step takes one sequence, picks up to `anchors` positions in its response, gives each its K mask slots (one
-block-masked forward for all of them, `DraftHead.forward_train`), and scores row r of anchor p against the target's
-own top-k distribution at position p+1+r (soft cross-entropy, per-row weights decaying with depth).
+block-masked forward for all of them: `DraftHead.forward_train`, computed only on the rows the loss reads, see
+head_forward.py), and scores row r of anchor p against the target's own top-k distribution at position p+1+r
+(soft cross-entropy, per-row weights decaying with depth).
 
 Held-out metrics: the training loss on held-out sequences, per-row top-1 agreement with the target's argmax, and two
 acceptance estimates: the greedy chain (tau if the tree were the argmax of each row) and a top-3 bound (tau if every
@@ -20,11 +21,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..draft_head import DraftConfig, DraftHead
 from ..target import TargetModel
+from .head_forward import train_logits
 
 
 @dataclass
@@ -41,7 +42,7 @@ class TrainConfig:
     minutes: float = 0.0             # stop after this long (0 = no limit); the schedule still uses max_steps
     eval_every: int = 200
     seed: int = 0
-    bf16: bool = True                # autocast matmuls to bf16 (fast on CPUs with AMX, and on GPUs)
+    bf16: bool = True                # autocast the head's matmuls to bf16 where the device computes bf16 natively
 
 
 # ---------------------------------------------------------------------------------------------- preparation
@@ -157,13 +158,14 @@ def sequence_batch(seq: dict, n_rows: int, n_anchors: int, rng: random.Random, t
 
 
 def head_logits(head: DraftHead, target: TargetModel, seq: dict, anchors: torch.Tensor) -> torch.Tensor:
-    """The head's logits [A, R, Vd] for the anchors of one sequence (a trained head has its own output layer)."""
+    """The head's logits [A, R, Vd] for the anchors of one sequence, as `DraftHead.forward_train` gives them (a
+    trained head has its own output layer)."""
     ids, device = seq["ids"].long(), target.device
     n = int(anchors.max()) + 1   # positions past the last anchor are never attended to; anchors <= T-2
     feats = seq["features"][:n].to(device).float()
     with torch.no_grad():
         embeds = target.embed_tokens(ids[1:n + 1].to(device)).float()  # position i: token i+1
-    return head.forward_train(feats, embeds, anchors.to(device))
+    return train_logits(head, feats, embeds, anchors.to(device))
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -184,14 +186,51 @@ def row_stats(logits: torch.Tensor, batch: dict) -> dict:
             "chain_hist": torch.bincount(chain1.cpu(), minlength=R + 1).float()}
 
 
+LOSS_CHUNK_ROWS = 128  # rows of logits per pass: their float copy stays in cache (one pass over [A, R, Vd] is
+                       # memory-bound on these CPUs: 3x faster in chunks, measured in docs/head-training.md)
+
+
+class SoftCrossEntropy(torch.autograd.Function):
+    """-sum_j p_j log softmax(z)_j per row, for labels given as top-k (ids, probs), written as
+    sum(p) * logsumexp(z) - sum_j p_j z_j; its gradient is softmax(z) * sum(p) - p (scattered). Both are made a
+    chunk of rows at a time: autograd's log_softmax, gather and their backwards make five full-size float tensors."""
+
+    @staticmethod
+    def forward(ctx, logits, ids, probs):
+        flat = logits.reshape(-1, logits.shape[-1])
+        lse = torch.cat([torch.logsumexp(flat[i:i + LOSS_CHUNK_ROWS].float(), dim=-1)
+                         for i in range(0, flat.shape[0], LOSS_CHUNK_ROWS)]).view(logits.shape[:-1])
+        ctx.save_for_backward(logits, lse, ids, probs)
+        return probs.sum(-1) * lse - (probs * logits.gather(-1, ids).float()).sum(-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, lse, ids, probs = ctx.saved_tensors
+        V, k = logits.shape[-1], ids.shape[-1]
+        flat, shift = logits.reshape(-1, V), lse.reshape(-1, 1)
+        scale = (probs.sum(-1) * grad).reshape(-1, 1)
+        ids, minus_p = ids.reshape(-1, k), (-probs * grad[..., None]).reshape(-1, k)
+        out = torch.empty_like(flat)
+        for i in range(0, flat.shape[0], LOSS_CHUNK_ROWS):
+            rows = slice(i, i + LOSS_CHUNK_ROWS)
+            g = flat[rows].float().sub_(shift[rows]).exp_().mul_(scale[rows])
+            out[rows] = g.scatter_add_(-1, ids[rows], minus_p[rows])   # in float: rounded once, as autograd's
+        return out.view(logits.shape), None, None
+
+
 def soft_ce(logits: torch.Tensor, batch: dict, row_weights: torch.Tensor) -> torch.Tensor:
-    logp = F.log_softmax(logits.float(), dim=-1)                       # [A, R, Vd]
-    per = -(batch["label_probs"] * logp.gather(-1, batch["label_ids"])).sum(-1)  # [A, R]
+    per = SoftCrossEntropy.apply(logits, batch["label_ids"], batch["label_probs"])  # [A, R]
     w = row_weights[None] * batch["weight_mask"]
     return (per * w).sum() / w.sum().clamp_min(1e-8)
 
 
 # ---------------------------------------------------------------------------------------------- loop
+def native_bf16(device: torch.device) -> bool:
+    """bf16 matmuls in hardware: a GPU, or a CPU whose oneDNN has a bf16 path (AVX-512 BF16 / AMX). An AVX2 CPU
+    has none, so there the head trains in fp32."""
+    return device.type != "cpu" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 class Trainer:
     def __init__(self, target: TargetModel, stats_seqs: list[dict], heldout: list[dict], cfg: TrainConfig,
                  out_dir, stop_ids=(), corpus_counts: torch.Tensor | None = None, start_head: DraftHead | None = None):
@@ -264,8 +303,13 @@ class Trainer:
         frac = min(1.0, (step - c.warmup) / max(1, c.max_steps - c.warmup))
         return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
+    @property
+    def bf16(self) -> bool:
+        """Whether the head trains under bf16 autocast: asked for, and native here."""
+        return self.cfg.bf16 and native_bf16(self.device)
+
     def _autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     def _forward(self, seq: dict, rng: random.Random):
         """(batch on the training device, the head's logits for its anchors), or (None, None) for a sequence with
@@ -314,7 +358,7 @@ class Trainer:
                              "steps": self.step,
                              "tokens_seen": self.tokens_seen, "sequences_seen": self.sequences_seen,
                              "heldout_sequences": len(self.heldout), "vocab_coverage": round(self.coverage, 4),
-                             "heldout": metrics, "train_config": self.cfg.__dict__}
+                             "heldout": metrics, "train_config": self.cfg.__dict__, "head_bf16": self.bf16}
         head.save(directory)
         (Path(directory) / "metrics.json").write_text(json.dumps(head.config.extra, indent=2))
 
