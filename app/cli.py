@@ -17,7 +17,7 @@ from dart_core.trace import Trace
 
 from .engine import Engine
 from .health import trim_malloc
-from .session import SessionStore
+from .session import DEFAULT_MAX_SESSIONS, DEFAULT_TTL_S, MAX_ENV, TTL_ENV, SessionStore
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
@@ -29,7 +29,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python app.py", description="DART Lab: plain decoding vs DART, and every draft tree")
+    p = _Parser(prog="python app.py", description="DART Lab: plain decoding vs DART, and every draft tree",
+                epilog=f"Sessions: a page's run is freed after {TTL_ENV} seconds idle (default {DEFAULT_TTL_S:.0f}) "
+                       f"and beyond {MAX_ENV} sessions held (default {DEFAULT_MAX_SESSIONS}).")
     # Hugging Face Spaces sets GRADIO_SERVER_NAME / GRADIO_SERVER_PORT; flags win over them.
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", DEFAULT_HOST))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", DEFAULT_PORT)))
