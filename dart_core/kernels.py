@@ -45,16 +45,15 @@ def by_shape(linears: list[torch.nn.Linear]) -> dict[str, list[torch.nn.Linear]]
 @dataclass(frozen=True)
 class PackOps:
     """How a PackedLinear packs a weight once and computes with the packed copy."""
-    name: str
     pack: Callable[[torch.Tensor], torch.Tensor]
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
-ONEDNN_OPS = PackOps("oneDNN", lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT),
+ONEDNN_OPS = PackOps(lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT),
                      lambda x, w, b: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], ""))
 # Where a test turns on a capability this machine lacks (bf16 on an AVX2-only CPU): the same packed copy, caching
 # and version tracking around a kernel that runs anywhere, so every path gated on the capability is exercised.
-STAND_IN_OPS = PackOps("stand-in", lambda w: w.clone(), F.linear)
+STAND_IN_OPS = PackOps(lambda w: w.clone(), F.linear)
 
 
 def pack_ops(hardware: Hardware, dtype: torch.dtype) -> PackOps:
@@ -155,7 +154,7 @@ def measure_plan(linears: list[torch.nn.Linear], hardware: Hardware, rounds: int
             continue
         fns = {DEFAULT: [lambda x, m=m: F.linear(x, m.weight, m.bias) for m in group]}
         if ONEDNN in kernels:
-            fns[ONEDNN] = [PackedLinear(m, pack_ops(hardware, first.weight.dtype)) for m in group]
+            fns[ONEDNN] = [packed_linear(m, hardware) for m in group]
         times: dict[str, list[float]] = {k: [] for k in fns}
         for rows in plan.buckets:
             x = torch.randn(rows, first.in_features, dtype=first.weight.dtype, device=first.weight.device)
@@ -198,7 +197,7 @@ def measure_dtypes(linears: list[torch.nn.Linear], hardware: Hardware, dtypes=(t
             sample = [_copy_as(m, dtype) for m in group[:MAX_PER_SHAPE]]
             fns = [[lambda x, m=m: F.linear(x, m.weight, m.bias) for m in sample]]
             if ONEDNN in available_kernels(hardware, dtype):
-                fns.append([PackedLinear(m, pack_ops(hardware, dtype)) for m in sample])
+                fns.append([packed_linear(m, hardware) for m in sample])
             for j, rows in enumerate(DTYPE_ROWS):
                 x = torch.randn(rows, sample[0].in_features, dtype=dtype, device=sample[0].weight.device)
                 total[j] += len(group) / len(sample) * min(_best_time(f, x, rounds) for f in fns)
@@ -223,7 +222,7 @@ class FastLinears:
     def __init__(self, linears: list[torch.nn.Linear], plan: KernelPlan, hardware: Hardware):
         self.plan = plan
         self.linears = [m for m in linears if self.plan.choices.get(shape_key(m))]
-        self.packed = {id(m): PackedLinear(m, pack_ops(hardware, m.weight.dtype)) for m in self.linears
+        self.packed = {id(m): packed_linear(m, hardware) for m in self.linears
                        if ONEDNN in plan.choices[shape_key(m)]}
         # built once: entering `active()` for every forward only assigns them (building them there cost ~1 ms a
         # forward on a 2-core CPU, 2% of a SmolLM2 verify)

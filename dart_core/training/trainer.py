@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from ..draft_head import DraftConfig, DraftHead
+from ..hardware import detect
 from ..target import TargetModel
 from .head_forward import train_logits
 
@@ -228,7 +229,7 @@ def soft_ce(logits: torch.Tensor, batch: dict, row_weights: torch.Tensor) -> tor
 def native_bf16(device: torch.device) -> bool:
     """bf16 matmuls in hardware: a GPU, or a CPU whose oneDNN has a bf16 path (AVX-512 BF16 / AMX). An AVX2 CPU
     has none, so there the head trains in fp32."""
-    return device.type != "cpu" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return device.type != "cpu" or detect().onednn_bf16
 
 
 class Trainer:
