@@ -8,6 +8,7 @@ this machine lacks is then served by a stand-in kernel with the real one's inter
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -26,6 +27,8 @@ class Hardware:
     onednn_fp16: bool = False
     mkl: bool = False            # MKL's packed GEMM (fp32)
     stand_ins: tuple[str, ...] = ()   # capabilities turned on though this machine lacks them (tests only)
+    kind: str = ""               # the CPU kind the kernels see (CPU_KINDS), after any instruction-set limit
+    limits: str = ""             # instruction-set limits set in the environment ("ONEDNN_MAX_CPU_ISA=AVX2 ..."), or ""
 
     @property
     def is_cpu(self) -> bool:
@@ -36,7 +39,10 @@ class Hardware:
         if not self.is_cpu:
             return f"{self.name} · {self.capability}"
         bf16 = "stand-in" if "onednn_bf16" in self.stand_ins else "yes" if self.onednn_bf16 else "no"
-        return f"{self.name or 'unknown CPU'} · {self.capability} · {self.threads} threads · bf16 kernels: {bf16}"
+        kind = f" · kind {self.kind}" if self.kind else ""
+        limited = f" · limited by {self.limits}" if self.limits else ""
+        return (f"{self.name or 'unknown CPU'} · {self.capability} · {self.threads} threads · bf16 kernels: {bf16}"
+                f"{kind}{limited}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,10 +68,73 @@ def detect(device: str = "cpu") -> Hardware:
         major, minor = torch.cuda.get_device_capability(index)
         return Hardware(device, torch.cuda.get_device_name(index), f"sm_{major}{minor}", torch.get_num_threads())
     onednn = torch.backends.mkldnn.is_available()
-    return Hardware("cpu", cpu_name(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), onednn,
-                    onednn and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    capability = torch.backends.cpu.get_cpu_capability()
+    bf16 = onednn and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return Hardware("cpu", cpu_name(), capability, torch.get_num_threads(), onednn, bf16,
                     onednn and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),
-                    torch.backends.mkl.is_available())
+                    torch.backends.mkl.is_available(), kind=cpu_kind(capability, bf16), limits=isa_limits())
+
+
+# The CPU kinds this project meets, oldest first, and the environment that makes a newer CPU run as each (torch's
+# ATen kernels and oneDNN both honour these variables), so that one machine can test the kinds below its own.
+CPU_KINDS = {
+    "x86-64": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"},   # no AVX2: torch's baseline
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},          # e.g. AMD EPYC Zen 3
+    "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"},                           # e.g. Xeon Cascade Lake: bf16 emulated
+    "avx512-bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},                      # e.g. AMD EPYC Zen 4
+    "amx": {},                                                                        # e.g. Xeon Sapphire Rapids
+}
+ISA_LIMIT_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+# oneDNN's instruction-set names, oldest first (ONEDNN_MAX_CPU_ISA takes one of them; ALL is no limit)
+_ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+                "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
+                "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2", "ALL")
+
+
+def isa_limits() -> str:
+    """The instruction-set limits set in this process's environment, as 'NAME=VALUE ...' ('' when none)."""
+    return " ".join(f"{v}={os.environ[v]}" for v in ISA_LIMIT_VARIABLES if os.environ.get(v))
+
+
+def _onednn_allows(isa: str) -> bool:
+    limit = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    if limit not in _ONEDNN_ISAS:
+        return True
+    return _ONEDNN_ISAS.index(limit) >= _ONEDNN_ISAS.index(isa)
+
+
+def cpu_kind(capability: str, onednn_bf16: bool) -> str:
+    """Which of CPU_KINDS the kernels see: torch's capability level and oneDNN's bf16 path (both already reflect any
+    limit in the environment), native bf16 and AMX from the CPU's flags unless oneDNN is held below them."""
+    if capability not in ("AVX2", "AVX512"):
+        return "x86-64"
+    if capability == "AVX2" or not onednn_bf16:
+        return "avx2"
+    flags = cpu_flags()
+    if "amx_bf16" in flags and _onednn_allows("AVX512_CORE_AMX"):
+        return "amx"
+    if "avx512_bf16" in flags and _onednn_allows("AVX512_CORE_BF16"):
+        return "avx512-bf16"
+    return "avx512"
+
+
+def kinds_below(kind: str) -> list[str]:
+    """The CPU kinds older than `kind`, which a machine of that kind can run as (CPU_KINDS' environments)."""
+    names = list(CPU_KINDS)
+    return names[: names.index(kind)] if kind in names else []
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 @lru_cache(maxsize=1)

@@ -20,11 +20,13 @@ def gated_paths() -> str:
 
 def pytest_report_header(config):
     hw = detect()
-    return [f"CPU: {hw.name} · torch capability {hw.capability} · {hw.threads} threads",
+    limited = f" · limited by {hw.limits}" if hw.limits else ""
+    return [f"CPU: {hw.name} · kind {hw.kind}{limited} · torch capability {hw.capability} · {hw.threads} threads",
             f"capability-gated kernels in this run: {gated_paths()}"]
 
 
 def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(pytest_report_header(None)[0])   # under -q too: which CPU kind these results are from
     for line in _reported:
         terminalreporter.write_line(line)
     if _used_by:
