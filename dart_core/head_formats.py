@@ -8,6 +8,10 @@ things differ, and are translated here so their weights compute what their code 
 - `d2t` holds offsets (target id = draft id + d2t[draft id]); ours holds the target ids themselves;
 - the embedding is the target's and is not read from the file (nor is `t2d`, unused at inference).
 
+Writing (`save_authors`) is the same translation backwards, for heads whose forward theirs can compute exactly:
+a head with the double norm (`--format authors` trains one from the start, see `authors_compatible`) and feature
+standardisation by scale only (folded into fc; a mean would be a bias, which their fc has not).
+
 Their config is a `PretrainedConfig` with Llama's defaults (`dart_configs.DartConfig`): a field that is absent takes
 the default below, as it does for them; `draft_length` and `draft_vocab_size` have none and are required. Their
 weights are loaded with `strict=False`, so a file without `d2t` keeps the all-zero buffer: offsets 0, the identity
@@ -16,9 +20,11 @@ map; we do the same. Any other missing weight would stay randomly initialised fo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from .draft_head import (CONFIG_FILE, FORMAT, WEIGHTS_FILE, DraftConfig, DraftHead, DraftHeadError, read_config,
                          read_weights)
@@ -136,3 +142,62 @@ def _target_ids(offsets: torch.Tensor, config: DraftConfig, where) -> torch.Tens
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size):
         raise DraftHeadError(f"{where}: d2t maps draft ids outside the target vocabulary of {config.vocab_size}")
     return ids
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def authors_compatible(head: DraftHead) -> str | None:
+    """None if `save_authors` can write `head` so that their forward drafts exactly what ours does, else why not.
+
+    Why a head must be trained with the double norm to be written in their format: their logits are
+    lm_head(n(n(h))), ours lm_head(n(h)), n(x) = w * x / rms(x). n(n(h)) = w^2 * h / rms(w * h) (eps aside), so a
+    single-norm head could be written only up to a per-row factor rms(h) / rms(w * h) that depends on h: no fixed
+    choice of their weights gives our rows. (With w = 1 in their norm and ours folded into lm_head the factor is
+    1 + O(eps / ms(h)): the same order of tokens, not the same probabilities.) So `--format authors` trains their
+    architecture (DraftConfig.double_norm) from the first step, and this writer refuses anything else."""
+    c = head.config
+    if not c.double_norm:
+        return ("it applies its final norm once; their code applies it twice (train it with --format authors, "
+                "which trains their architecture)")
+    if head.lm_head is None:
+        return "its output layer is tied to the target's; theirs is the head's own lm_head"
+    if c.standardize_features and bool(head.feature_mean.detach().abs().max() > 0):
+        return "it subtracts a feature mean, a bias their fc does not have"
+    return None
+
+
+def save_authors(head: DraftHead, folder, dtype: torch.dtype | None = None, max_positions: int = 2048) -> None:
+    """Write `head` in the DART authors' format: their config.json fields and key names, d2t as offsets with t2d
+    beside, no embedding. Feature scales (standardisation without a mean) are folded into fc. A head their forward
+    cannot compute exactly is refused (DraftHeadError, the reason from `authors_compatible`).
+    max_positions: their rotary cache's first length (max_position_embeddings; it grows as needed)."""
+    why = authors_compatible(head)
+    if why is not None:
+        raise DraftHeadError(f"cannot write this head in {AUTHORS}: {why}")
+    c = head.config
+    ours = {k: v.detach().float().cpu() for k, v in head.state_dict().items()}
+    if c.standardize_features:  # fc(x / s) = (fc.weight / s) x
+        ours["fc.weight"] = ours["fc.weight"] / ours.pop("feature_std")[None]
+        ours.pop("feature_mean")
+    d2t = ours.pop("d2t", None)
+    target_ids = torch.arange(c.out_vocab) if d2t is None else d2t.long()
+    state = {AUTHORS_KEYS[k]: (v if dtype is None else v.to(dtype)).contiguous() for k, v in ours.items()}
+    state["d2t"] = (target_ids - torch.arange(c.out_vocab)).contiguous()       # target id = draft id + offset
+    state["t2d"] = torch.zeros(c.vocab_size, dtype=torch.bool).index_fill_(0, target_ids, True)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / WEIGHTS_FILE))
+    (out / CONFIG_FILE).write_text(json.dumps(authors_config_dict(c, dtype or torch.float32, max_positions), indent=2))
+
+
+def authors_config_dict(c: DraftConfig, dtype: torch.dtype, max_positions: int) -> dict:
+    """Their config.json for our DraftConfig: a Llama config (one layer) with draft_length and draft_vocab_size.
+    rope_theta and rope_scaling are top-level keys, as in their released configs (read by their attention)."""
+    return {
+        "architectures": ["LlamaForCausalLMDart"], "model_type": "llama", "hidden_size": c.hidden_size,
+        "vocab_size": c.vocab_size, "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim, "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
+        "hidden_act": "silu", "rms_norm_eps": c.rms_eps, "rope_theta": c.rope_theta, "rope_scaling": None,
+        "max_position_embeddings": int(max_positions), "tie_word_embeddings": False,
+        "draft_length": c.n_mask, "draft_vocab_size": c.out_vocab, "target_hidden_size": c.hidden_size,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }

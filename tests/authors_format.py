@@ -79,6 +79,24 @@ def write_authors_head(folder, target, draft_length: int = 3, draft_vocab: int |
     return {"config": config, "state": state}
 
 
+# the keys of their layer's state dict (LlamaForCausalLMDart), the embedding aside: it is the target's
+THEIR_KEYS = frozenset({
+    "fc.weight", "midlayer.mask_rep", "midlayer.hidden_norm.weight", "midlayer.input_layernorm.weight",
+    "midlayer.post_attention_layernorm.weight", "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"})
+
+
+def read_authors_head(folder) -> dict:
+    """A head folder as their code reads it: config.json, and model.safetensors as float32 weights (their layer
+    is cast to the target's dtype) with the integer and bool buffers as they are. {"config", "state"}."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(folder / "model.safetensors")).items()}
+    return {"config": json.loads((folder / "config.json").read_text()), "state": state}
+
+
 def _rms(x, w, eps):
     dtype = x.dtype
     x = x.float()

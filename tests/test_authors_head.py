@@ -10,12 +10,13 @@ from safetensors.torch import load_file, save_file
 from dart_core.acceptance import SamplingConfig
 from dart_core.decoding import GenerationConfig, run
 from dart_core.draft_head import DraftHeadError
-from dart_core.head_formats import AUTHORS, head_format, load_head
+from dart_core.draft_head import DraftConfig, DraftHead
+from dart_core.head_formats import AUTHORS, head_format, load_head, save_authors
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup.loading import load_draft
 from dart_core.tree_search import SearchConfig
-from tests.authors_format import their_draft, their_features, write_authors_head
+from tests.authors_format import THEIR_KEYS, read_authors_head, their_draft, their_features, write_authors_head
 from tests.sampling_stats import chi2_pvalue, exact_joint, sample_through_the_loop
 from tests.test_engine_lossless import prompts
 from tests.tiny import plain_greedy_reference, tiny_target
@@ -203,3 +204,64 @@ def test_a_head_for_another_target_is_refused(tmp_path, qwen3):
     write_authors_head(tmp_path / "h", wide)
     with pytest.raises(DraftHeadError, match="hidden size 32, the target has 64"):
         load_draft(str(tmp_path / "h"), qwen3)
+
+
+def test_the_writer_gives_back_the_files_written_by_hand(tmp_path, qwen3, written):
+    """Read a head written by the independent writer, write it with save_authors: the same weights under the same
+    keys, d2t as the same offsets, t2d the same, and every config field their model reads the same."""
+    folder, theirs = written
+    save_authors(load_head(folder), tmp_path / "again", max_positions=2048)
+    again = read_authors_head(tmp_path / "again")
+    assert set(again["state"]) == THEIR_KEYS == set(theirs["state"])
+    for key, tensor in theirs["state"].items():
+        assert again["state"][key].dtype == tensor.dtype and torch.equal(again["state"][key], tensor), key
+    for key, value in theirs["config"].items():
+        assert again["config"][key] == value, key
+
+
+def _trained_style_head(target, seed=4):
+    """A head as --format authors trains it: double norm, its own output layer over a draft vocabulary, features
+    scaled per dimension (no mean)."""
+    cfg = DraftConfig.for_target(target.config, n_mask=3, tie_output=False, draft_vocab_size=48,
+                                 standardize_features=True, double_norm=True)
+    head = DraftHead.random(cfg, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head.d2t.copy_(torch.randperm(target.vocab_size, generator=gen)[:48].sort().values)
+        head.feature_std.copy_(torch.rand(3 * target.hidden_size, generator=gen) * 3 + 0.1)
+        head.final_norm.weight.copy_(1 + 0.3 * torch.randn(target.hidden_size, generator=gen))
+    return head
+
+
+def test_a_head_written_in_their_format_drafts_in_their_forward_what_it_drafted_here(tmp_path, qwen3):
+    head = _trained_style_head(qwen3)
+    save_authors(head, tmp_path / "h")
+    theirs = read_authors_head(tmp_path / "h")
+    assert set(theirs["state"]) == THEIR_KEYS and "embed_tokens.weight" not in theirs["state"]
+    assert theirs["config"]["draft_length"] == 3 and theirs["config"]["draft_vocab_size"] == 48
+    prompt, root = [5, 17, 33, 8, 61, 12, 40], 9
+    feats = their_features(qwen3, prompt)
+    embeds = qwen3.embed_tokens(torch.tensor(prompt[1:] + [root]))
+    want, target_ids, past = their_draft(theirs, feats, embeds)
+    for drafter in (HeadDrafter(head, qwen3), HeadDrafter(load_draft(str(tmp_path / "h"), qwen3), qwen3)):
+        got = drafter.draft(prompt + [root], feats)  # the head in memory, and read back by our loader
+        assert torch.allclose(got, want, atol=1e-4)
+        assert torch.equal(drafter.target_ids(torch.arange(48)), target_ids)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    assert torch.equal(theirs["state"]["t2d"].nonzero()[:, 0], head.d2t)
+
+
+def test_heads_their_forward_cannot_compute_exactly_are_not_written(tmp_path, qwen3):
+    single = _trained_style_head(qwen3)
+    single.config.double_norm = False
+    with pytest.raises(DraftHeadError, match="applies its final norm once"):
+        save_authors(single, tmp_path / "a")
+    centred = _trained_style_head(qwen3)
+    with torch.no_grad():
+        centred.feature_mean.fill_(0.5)
+    with pytest.raises(DraftHeadError, match="feature mean"):
+        save_authors(centred, tmp_path / "b")
+    tied = DraftHead.random(DraftConfig.for_target(qwen3.config, n_mask=2, double_norm=True))
+    with pytest.raises(DraftHeadError, match="tied"):
+        save_authors(tied, tmp_path / "c")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
