@@ -1,13 +1,16 @@
 """`python -m dart_core train ...` and `python -m dart_core train-data ...`: the draft head's training commands.
 
 train-data generate: answer ShareGPT prompts with the target itself (jsonl, resumable).
-train:               train a head on those responses plus ShareGPT conversations as written, with the target's
-                     features and labels computed on the fly, so no sequence is seen more than once per pass.
-                     Checkpoints every eval; `--resume` continues a stopped run with fresh sequences.
+train:               train a head on those responses plus ShareGPT conversations as written (and a user's own
+                     chats, --chats), with the target's features and labels computed on the fly, so no sequence is
+                     seen more than once per pass. Checkpoints every eval; `--resume` continues a stopped run with
+                     fresh sequences. `--format authors` writes the head in the DART authors' format.
+                     Under `torchrun --nproc_per_node N -m dart_core train ...` N processes train it data-parallel.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import shlex
 import sys
@@ -16,12 +19,17 @@ from pathlib import Path
 import torch
 
 from ..draft_head import DraftHeadError
-from ..head_formats import load_head
+from ..head_formats import authors_compatible, load_head
 from ..setup.loading import load_ngram, load_target, stop_ids
+from ..setup.models import resolve_model_path
+from ..training import distributed
+from ..training.chats import TrainingDataError, chat_file_records, read_chats
 from ..training.data import (cached_example, generate_responses, read_jsonl, sequence_example,
                              sharegpt_sequences, stdlib_code_sequences)
-from ..training.trainer import Trainer, TrainConfig
-from .args import CliError, add_model_args
+from ..training.trainer import FORMATS, Trainer, TrainConfig
+from .args import THINKING_HELP, CliError, add_model_args
+
+TRAINABLE = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}   # model_type -> name: what the trainer serves
 
 
 def register(sub) -> None:
@@ -43,6 +51,14 @@ def register(sub) -> None:
     t.add_argument("--sharegpt", type=int, default=20000, help="ShareGPT conversations as written (0 = none)")
     t.add_argument("--code", type=int, default=0,
                    help="HumanEval-style code sequences from the Python standard library (0 = none)")
+    t.add_argument("--chats", action="append", default=[], metavar="FILE.jsonl",
+                   help="your own chats (repeatable): one conversation per line, {\"messages\": [{\"role\": "
+                        "\"user\"|\"assistant\"|\"system\", \"content\": ...}]} or ShareGPT's {\"conversations\": "
+                        "[{\"from\": \"human\"|\"gpt\", \"value\": ...}]}; every assistant reply is a sequence")
+    t.add_argument("--thinking", action="store_true", help=THINKING_HELP)
+    t.add_argument("--format", default="dartlab", choices=FORMATS,
+                   help="the head written to OUT/best: 'dartlab' (ours) or 'authors' (the DART authors' files, "
+                        "loaded by their code unchanged; trained in their architecture)")
     t.add_argument("--max-tokens", type=int, default=512, help="tokens per training sequence at most")
     t.add_argument("--heldout", type=int, default=48, help="sequences kept out of training for the metrics")
     t.add_argument("--out", required=True, help="run folder: checkpoints, and best/ (the head to ship)")
@@ -51,7 +67,8 @@ def register(sub) -> None:
     t.add_argument("--n-mask", type=int, default=5)
     t.add_argument("--draft-vocab", type=int, default=8192, help="0 = the full target vocabulary")
     t.add_argument("--anchors", type=int, default=256, help="anchor positions per sequence (up to)")
-    t.add_argument("--accumulate", type=int, default=2)
+    t.add_argument("--accumulate", type=int, default=2,
+                   help="sequences per optimizer step in each process (under torchrun: times the processes)")
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--row-decay", type=float, default=0.8)
     t.add_argument("--eval-every", type=int, default=100)
@@ -88,20 +105,41 @@ def cmd_train_data(args) -> int:
 
 def training_records(tokenizer, responses: list[str], sharegpt: int, max_tokens: int, seed: int,
                      code: int = 0) -> list[dict]:
-    records = []
+    return gather_records(tokenizer, responses, sharegpt, max_tokens, seed, code)[0]
+
+
+def gather_records(tokenizer, responses: list[str], sharegpt: int, max_tokens: int, seed: int, code: int = 0,
+                   chats: list[str] = (), thinking: bool = False) -> tuple[list[dict], dict]:
+    """Every training record, shuffled, and where they came from: {source: count} (chats files: their counts)."""
+    records, sources = [], {}
     for path in responses:
         if not Path(path).is_file():
             raise CliError(f"responses file not found: {path}")
-        records.extend(r for r in read_jsonl(path) if r.get("response_ids"))
-    for r in records:  # keep sequences within the budget
-        r["response_ids"] = r["response_ids"][: max(1, max_tokens - len(r["prompt_ids"]))]
+        mine = [r for r in read_jsonl(path) if r.get("response_ids")]
+        for r in mine:  # keep sequences within the budget
+            r["response_ids"] = r["response_ids"][: max(1, max_tokens - len(r["prompt_ids"]))]
+        records.extend(mine)
+        sources[f"responses:{path}"] = len(mine)
+    for path in chats:
+        try:
+            mine, counts = chat_file_records(tokenizer, path, max_tokens, thinking)
+        except TrainingDataError as exc:
+            raise CliError(str(exc)) from None
+        records.extend(mine)
+        sources[f"chats:{path}"] = counts
     used = {r["id"] for r in records}
     if sharegpt:
-        records.extend(sharegpt_sequences(tokenizer, used, sharegpt, max_tokens, seed))
+        mine = sharegpt_sequences(tokenizer, used, sharegpt, max_tokens, seed, thinking)
+        records.extend(mine)
+        sources["sharegpt"] = len(mine)
     if code:
-        records.extend(stdlib_code_sequences(tokenizer, code, max_tokens))
+        mine = stdlib_code_sequences(tokenizer, code, max_tokens, thinking=thinking)
+        records.extend(mine)
+        sources["stdlib_code"] = len(mine)
+    # a reply of under 2 tokens has no anchor: left out here, so every process always has a sequence to train on
+    records = [r for r in records if len(r["response_ids"]) >= 2]
     random.Random(seed).shuffle(records)
-    return records
+    return records, sources
 
 
 def unigram_counts(spec: str, vocab_size: int):
@@ -114,8 +152,9 @@ def unigram_counts(spec: str, vocab_size: int):
     return counts
 
 
-def _starting_head(path, target):
-    """The head named by --init-from, checked against the target, or None."""
+def _starting_head(path, target, head_format: str = "dartlab"):
+    """The head named by --init-from, checked against the target (and, for --format authors, against what their
+    format can hold), or None."""
     if path is None:
         return None
     try:
@@ -123,7 +162,39 @@ def _starting_head(path, target):
         head.check_target(target)
     except DraftHeadError as exc:
         raise CliError(f"--init-from {path}: {exc}") from None
+    why = authors_compatible(head) if head_format == "authors" else None
+    if why is not None:
+        raise CliError(f"--init-from {path} cannot be trained into --format authors: {why}")
     return head
+
+
+def check_trainable(model: str) -> dict:
+    """The target's config.json, if it is a causal LM the trainer serves (Llama, Qwen2, Qwen3); a CliError naming
+    what it is otherwise, before any weight is loaded."""
+    path = Path(resolve_model_path(model)) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CliError(f"--model {model}: cannot read {path}: {exc}") from None
+    kind = config.get("model_type")
+    causal = all(str(a).endswith("ForCausalLM") for a in config.get("architectures") or ["ForCausalLM"])
+    if kind not in TRAINABLE or not causal:
+        raise CliError(f"--model {model} is a {kind!r} model ({', '.join(config.get('architectures') or [])}); "
+                       f"the trainer serves {', '.join(TRAINABLE.values())} causal LMs")
+    return config
+
+
+def _check_taps(target, head_format: str) -> None:
+    if head_format == "authors" and len(set(target.taps)) != 3:
+        raise CliError(f"--format authors: the target has {target.num_layers} layers; the authors' code taps layers "
+                       "2, N/2 and N-3 and needs them distinct (7 layers or more)")
+
+
+def _launch_command(argv: list[str]) -> str:
+    """The command as typed (near enough): torchrun's process count where torchrun started it."""
+    world = distributed.launched_world_size()
+    launcher = f"torchrun --nproc_per_node {world} -m" if world > 1 else "python -m"
+    return f"{launcher} dart_core " + " ".join(shlex.quote(a) for a in argv)
 
 
 def cmd_train(args) -> int:
@@ -132,31 +203,56 @@ def cmd_train(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CliError(f"cannot create {out}: {exc.strerror}") from None
+    for path in args.chats:  # every line checked before the slow load: a bad file is the commonest mistake
+        try:
+            read_chats(path)
+        except TrainingDataError as exc:
+            raise CliError(str(exc)) from None
+    target_config = check_trainable(args.model)
+    device = distributed.device_for(args.device)
+    with distributed.process_group(device):
+        return _train(args, out, device, target_config)
+
+
+def _train(args, out: Path, device: str, target_config: dict) -> int:
+    say = print if distributed.is_main() else (lambda *a, **k: None)
     cfg = TrainConfig(n_mask=args.n_mask, draft_vocab=args.draft_vocab, anchors=args.anchors,
                       accumulate=args.accumulate, lr=args.lr, row_decay=args.row_decay, max_steps=args.steps,
                       minutes=args.minutes, eval_every=args.eval_every, seed=args.seed, bf16=not args.head_fp32,
-                      warmup=min(100, max(1, args.steps // 20)))
-    target, stops = _load(args.model, args.dtype, args.device)
-    start = _starting_head(args.init_from, target)
-    records = training_records(target.tokenizer, args.responses, args.sharegpt, args.max_tokens, args.seed, args.code)
+                      warmup=min(100, max(1, args.steps // 20)), head_format=args.format)
+    target, stops = _load(args.model, args.dtype, device)
+    _check_taps(target, args.format)
+    start = _starting_head(args.init_from, target, args.format)
+    records, sources = gather_records(target.tokenizer, args.responses, args.sharegpt, args.max_tokens, args.seed,
+                                      args.code, args.chats, args.thinking)
     if len(records) <= args.heldout + 1:
         raise CliError(f"only {len(records)} training sequences: need more than --heldout {args.heldout}")
     heldout_recs, train_recs = records[: args.heldout], records[args.heldout:]
-    print(f"[train] {len(train_recs)} training sequences, {len(heldout_recs)} held out", flush=True)
+    say(f"[train] {len(train_recs)} training sequences, {len(heldout_recs)} held out; "
+        f"{distributed.world_size()} process(es)", flush=True)
 
     def example(rec):
         if args.feature_cache:
             return cached_example(args.feature_cache, target, rec["prompt_ids"], rec["response_ids"])
         return sequence_example(target, rec["prompt_ids"], rec["response_ids"])
 
-    heldout = [example(r) for r in heldout_recs]
+    heldout = [example(r) for r in heldout_recs] if distributed.is_main() else []   # rank 0 evaluates
     stats = [] if start is not None else [example(r) for r in train_recs[:96]]  # a new head's vocabulary, scales
+    provenance = {"target": _target_record(args.model, target_config, target), "thinking": args.thinking,
+                  "data": {"sources": sources, "training_sequences": len(train_recs),
+                           "heldout_sequences": len(heldout_recs), "max_tokens": args.max_tokens}}
     trainer = Trainer(target, stats, heldout, cfg, out, stop_ids=stops,
-                      corpus_counts=unigram_counts(args.vocab_ngram, target.vocab_size), start_head=start)
+                      corpus_counts=unigram_counts(args.vocab_ngram, target.vocab_size), start_head=start,
+                      provenance=provenance)
     if args.resume and trainer.resume():
-        print(f"[train] resumed at step {trainer.step} ({trainer.sequences_seen} sequences seen)", flush=True)
-    print(f"[train] draft vocabulary covers {trainer.coverage:.1%} of held-out target tokens", flush=True)
-    command = "python -m dart_core " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    result = trainer.fit(lambda i: example(train_recs[i % len(train_recs)]), command)
-    print(f"[train] done: {result}", flush=True)
+        say(f"[train] resumed at step {trainer.step} ({trainer.sequences_seen} sequences seen)", flush=True)
+    say(f"[train] draft vocabulary covers {trainer.coverage:.1%} of held-out target tokens", flush=True)
+    result = trainer.fit(lambda i: example(train_recs[i % len(train_recs)]), _launch_command(sys.argv[1:]))
+    say(f"[train] done: {result}", flush=True)
     return 0
+
+
+def _target_record(name: str, config: dict, target) -> dict:
+    return {"model": name, "model_type": config.get("model_type"), "architectures": config.get("architectures"),
+            "layers": target.num_layers, "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
+            "dtype": str(target.dtype).removeprefix("torch.")}

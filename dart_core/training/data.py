@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import random
 import sysconfig
 import textwrap
@@ -49,23 +50,32 @@ def sharegpt_prompts(tokenizer, limit: int, max_prompt_tokens: int, seed: int = 
     return items[:limit]
 
 
-def chat_record(tokenizer, record_id: str, user: dict, reply: dict, max_tokens: int) -> dict | None:
+def chat_record(tokenizer, record_id: str, user: dict, reply: dict, max_tokens: int, thinking: bool = False
+                ) -> dict | None:
     """One training record (prompt ids, reply ids cut to max_tokens in all) for a user turn and its reply in the chat
     template, or None when the prompt leaves under 32 tokens for the reply or the template does not split cleanly."""
-    prompt = chat_ids(tokenizer, [user], add_generation_prompt=True)
-    full = chat_ids(tokenizer, [user, reply], add_generation_prompt=False)
+    return turns_record(tokenizer, record_id, [user], reply, max_tokens, thinking)
+
+
+def turns_record(tokenizer, record_id: str, history: list[dict], reply: dict, max_tokens: int,
+                 thinking: bool = False) -> dict | None:
+    """`chat_record` for a reply after any number of turns (system, user, earlier replies): the prompt is the
+    history with the generation prompt (Qwen3's thinking switch as asked), the response the reply's own tokens."""
+    prompt = chat_ids(tokenizer, history, add_generation_prompt=True, thinking=thinking)
+    full = chat_ids(tokenizer, [*history, reply], add_generation_prompt=False, thinking=thinking)
     if len(prompt) < max_tokens - 32 and full[: len(prompt)] == prompt:
         return {"id": record_id, "prompt_ids": prompt, "response_ids": full[len(prompt):max_tokens]}
     return None
 
 
-def sharegpt_sequences(tokenizer, skip_ids: set[str], limit: int, max_tokens: int, seed: int = 1):
+def sharegpt_sequences(tokenizer, skip_ids: set[str], limit: int, max_tokens: int, seed: int = 1,
+                       thinking: bool = False):
     """ShareGPT conversations as written (chat template, first two turns), cut to max_tokens."""
     out = []
     for n, conv in enumerate(iter_sharegpt()):
         if f"sharegpt/{n}" in skip_ids or conv[0]["role"] != "user" or len(conv) < 2:
             continue
-        record = chat_record(tokenizer, f"sharegpt-text/{n}", conv[0], conv[1], max_tokens)
+        record = chat_record(tokenizer, f"sharegpt-text/{n}", conv[0], conv[1], max_tokens, thinking)
         if record is not None:
             out.append(record)
     random.Random(seed).shuffle(out)
@@ -99,14 +109,15 @@ def documented_functions(root: Path):
             yield f"{path.relative_to(root)}:{node.lineno}", header, code
 
 
-def stdlib_code_sequences(tokenizer, limit: int, max_tokens: int, seed: int = 2, root: Path | None = None):
+def stdlib_code_sequences(tokenizer, limit: int, max_tokens: int, seed: int = 2, root: Path | None = None,
+                          thinking: bool = False):
     """Up to `limit` HumanEval-style code sequences (chat template) from the standard library, shuffled."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
     out = []
     for where, header, code in documented_functions(root):
         user = {"role": "user", "content": CODE_COMPLETION_PROMPT.format(code=header + "\n")}
         reply = {"role": "assistant", "content": f"```python\n{code}\n```"}
-        record = chat_record(tokenizer, f"stdlib/{where}", user, reply, max_tokens)
+        record = chat_record(tokenizer, f"stdlib/{where}", user, reply, max_tokens, thinking)
         if record is not None:
             out.append(record)
     random.Random(seed).shuffle(out)
@@ -201,7 +212,7 @@ def cached_example(cache_dir, target: TargetModel, prompt_ids: list[int], respon
             pass  # a file cut short by a stop: computed again
     example = sequence_example(target, prompt_ids, response_ids)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".tmp")
+    partial = path.with_suffix(f".{os.getpid()}.tmp")   # processes of one run may compute the same sequence
     torch.save(example, partial)
     partial.rename(path)  # whole files only
     return example

@@ -73,3 +73,15 @@ def train_logits(head: DraftHead, features: torch.Tensor, embeds: torch.Tensor, 
     slot_residual = head.mask_embed[: c.hidden_size].to(g.dtype).expand(A, K, -1)
     residual = torch.cat([g[anchors][:, None], slot_residual], dim=1)   # [A, K+1, H]
     return head._mlp_and_logits(residual + out.view(A, K + 1, -1).to(residual.dtype), None)
+
+
+class TrainingForward(torch.nn.Module):
+    """`train_logits` of a head as a module's forward, so that DistributedDataParallel (which all-reduces the
+    gradients of what its wrapped module's forward computed) can wrap it; the head stays the one trained."""
+
+    def __init__(self, head: DraftHead):
+        super().__init__()
+        self.head = head
+
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        return train_logits(self.head, features, embeds, anchors)

@@ -5,6 +5,15 @@ block-masked forward for all of them: `DraftHead.forward_train`, computed only o
 head_forward.py), and scores row r of anchor p against the target's own top-k distribution at position p+1+r
 (soft cross-entropy, per-row weights decaying with depth).
 
+Formats: `dartlab` (ours) or `authors` (the DART authors' files, fvliang/DART). Their head applies the final norm
+twice, which no weights of a single-norm head reproduce exactly (see head_formats.authors_compatible), so an
+`authors` head is trained in their architecture from the first step: the double norm, and per-dimension feature
+scales without a mean (folded into fc when written; their fc has no bias for a mean).
+
+Data parallel (torchrun, see distributed.py): each process trains on its own sequences of every step, gradients are
+averaged across processes, rank 0 evaluates and writes. Anchors are drawn per sequence from (seed, sequence index),
+so N processes with `accumulate` sequences each make the same steps as one process with N x `accumulate`.
+
 Held-out metrics: the training loss on held-out sequences, per-row top-1 agreement with the target's argmax, and two
 acceptance estimates: the greedy chain (tau if the tree were the argmax of each row) and a top-3 bound (tau if every
 row's top 3 were all in the tree).
@@ -24,9 +33,19 @@ import torch
 from tqdm import tqdm
 
 from ..draft_head import DraftConfig, DraftHead
+from ..errors import DartError
 from ..hardware import detect
+from ..head_formats import save_authors
 from ..target import TargetModel
-from .head_forward import train_logits
+from . import distributed
+from .head_forward import TrainingForward
+from .progress import Progress
+
+FORMATS = ("dartlab", "authors")
+
+
+class TrainingError(DartError):
+    """A run that cannot go on as asked (a checkpoint of another format, a sequence with nothing to train on)."""
 
 
 @dataclass
@@ -44,6 +63,7 @@ class TrainConfig:
     eval_every: int = 200
     seed: int = 0
     bf16: bool = True                # autocast the head's matmuls to bf16 where the device computes bf16 natively
+    head_format: str = "dartlab"     # "authors": their architecture (double norm, feature scales without a mean)
 
 
 # ---------------------------------------------------------------------------------------------- preparation
@@ -101,10 +121,24 @@ def init_from_target(head: DraftHead, target: TargetModel) -> None:
         if getattr(head, name).weight.shape == getattr(mlp, name).weight.shape:
             getattr(head, name).weight.copy_(getattr(mlp, name).weight)
     head.post_attn_norm.weight.copy_(last.post_attention_layernorm.weight)
-    head.final_norm.weight.copy_(target.model.model.norm.weight)
+    if head.config.double_norm:
+        head.final_norm.weight.fill_(1.0)   # the target's norm weight goes into the output rows instead
+    else:
+        head.final_norm.weight.copy_(target.model.model.norm.weight)
     if head.lm_head is not None:
-        weight = target.lm_head.weight
-        head.lm_head.weight.copy_(weight if head.d2t is None else weight[head.d2t.to(weight.device)])
+        head.lm_head.weight.copy_(target_output_rows(head, target, head.d2t))
+
+
+@torch.no_grad()
+def target_output_rows(head: DraftHead, target: TargetModel, d2t: torch.Tensor | None) -> torch.Tensor:
+    """The target's output rows for the draft vocabulary `d2t`, as the head's output layer starts. A double-norm
+    head starts with a unit norm weight and the target's norm weight folded into these rows: its logits
+    lm_head(n(n(h))) are then the target's lm_head(norm(h)) (up to eps), as a single-norm head's start."""
+    weight = target.lm_head.weight
+    rows = weight if d2t is None else weight[d2t.to(weight.device)]
+    if head.config.double_norm:
+        rows = rows * target.model.model.norm.weight.to(rows.dtype)[None]
+    return rows.to(head.lm_head.weight.device, head.lm_head.weight.dtype)
 
 
 @torch.no_grad()
@@ -118,18 +152,23 @@ def grow_draft_vocab(head: DraftHead, target: TargetModel, d2t: torch.Tensor) ->
     state = {k: v for k, v in head.state_dict().items() if k not in ("d2t", "lm_head.weight")}
     grown.load_state_dict(state, strict=False)
     grown.d2t.copy_(d2t)
-    weight = target.lm_head.weight
-    rows = weight[d2t.to(weight.device)].to(grown.lm_head.weight.device, grown.lm_head.weight.dtype)
+    rows = target_output_rows(grown, target, d2t)
     rows[torch.searchsorted(d2t, old)] = head.lm_head.weight
     grown.lm_head.weight.copy_(rows)
     return grown
 
 
 @torch.no_grad()
-def set_feature_stats(head: DraftHead, seqs: list[dict], sample: int = 200) -> None:
+def set_feature_stats(head: DraftHead, seqs: list[dict], sample: int = 200, center: bool = True) -> None:
+    """Per-dimension feature standardisation from the first `sample` sequences: (x - mean) / std, or without a
+    mean (center=False) x / rms, which folds into fc exactly (the authors' format has no bias for a mean)."""
     feats = torch.cat([s["features"].float() for s in seqs[:sample]])
-    head.feature_mean.copy_(feats.mean(0))
-    head.feature_std.copy_(feats.std(0).clamp_min(1e-3))
+    if center:
+        head.feature_mean.copy_(feats.mean(0))
+        head.feature_std.copy_(feats.std(0).clamp_min(1e-3))
+    else:
+        head.feature_mean.zero_()
+        head.feature_std.copy_(feats.pow(2).mean(0).sqrt().clamp_min(1e-3))
 
 
 # ---------------------------------------------------------------------------------------------- one sequence
@@ -158,15 +197,15 @@ def sequence_batch(seq: dict, n_rows: int, n_anchors: int, rng: random.Random, t
             "row_ok": row_ok, "T": T}
 
 
-def head_logits(head: DraftHead, target: TargetModel, seq: dict, anchors: torch.Tensor) -> torch.Tensor:
+def head_logits(forward, target: TargetModel, seq: dict, anchors: torch.Tensor) -> torch.Tensor:
     """The head's logits [A, R, Vd] for the anchors of one sequence, as `DraftHead.forward_train` gives them (a
-    trained head has its own output layer)."""
+    trained head has its own output layer). forward: a TrainingForward of the head (or its DDP wrapper)."""
     ids, device = seq["ids"].long(), target.device
     n = int(anchors.max()) + 1   # positions past the last anchor are never attended to; anchors <= T-2
     feats = seq["features"][:n].to(device).float()
     with torch.no_grad():
         embeds = target.embed_tokens(ids[1:n + 1].to(device)).float()  # position i: token i+1
-    return train_logits(head, feats, embeds, anchors.to(device))
+    return forward(feats, embeds, anchors.to(device))
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -234,15 +273,19 @@ def native_bf16(device: torch.device) -> bool:
 
 class Trainer:
     def __init__(self, target: TargetModel, stats_seqs: list[dict], heldout: list[dict], cfg: TrainConfig,
-                 out_dir, stop_ids=(), corpus_counts: torch.Tensor | None = None, start_head: DraftHead | None = None):
+                 out_dir, stop_ids=(), corpus_counts: torch.Tensor | None = None, start_head: DraftHead | None = None,
+                 provenance: dict | None = None):
         """stats_seqs: sequences used to choose the draft vocabulary and the feature statistics;
-        heldout: sequences never trained on, for the metrics;
-        start_head: a trained head to continue from (its K, vocabulary and feature statistics), else a new one."""
+        heldout: sequences never trained on, for the metrics (needed by rank 0 only);
+        start_head: a trained head to continue from (its K, vocabulary and feature statistics), else a new one;
+        provenance: what metrics.json records of the run beside the trainer's own (target, data, ...)."""
+        if cfg.head_format not in FORMATS:
+            raise TrainingError(f"unknown head format {cfg.head_format!r}; use one of {', '.join(FORMATS)}")
         if start_head is not None:  # K and the draft vocabulary are the starting head's
             cfg = replace(cfg, n_mask=start_head.config.n_mask, draft_vocab=start_head.config.draft_vocab_size or 0)
         self.target, self.cfg, self.out = target, cfg, Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.heldout = heldout
+        self.heldout, self.provenance = heldout, dict(provenance or {})
         vocab = target.vocab_size
 
         def choose(must_include=()):
@@ -256,14 +299,15 @@ class Trainer:
         else:
             self.started_from = None
             d2t = choose() if cfg.draft_vocab and cfg.draft_vocab < vocab else None
+            authors = cfg.head_format == "authors"
             dcfg = DraftConfig.for_target(target.config, n_mask=cfg.n_mask, tie_output=False,
                                           draft_vocab_size=None if d2t is None else len(d2t),
-                                          standardize_features=True)
+                                          standardize_features=True, double_norm=authors)
             self.head = DraftHead(dcfg)
             if d2t is not None:
                 self.head.d2t.copy_(d2t)
             init_from_target(self.head, target)
-            set_feature_stats(self.head, stats_seqs)
+            set_feature_stats(self.head, stats_seqs, center=not authors)
         self.device = target.device
         self.head.to(self.device).train()
         self.t2d = self._target_to_draft()
@@ -276,7 +320,8 @@ class Trainer:
         self.history: list[dict] = []
         self.sessions: list[dict] = []   # one entry per fit() call: command, commit, first step, minutes trained
         self._fit_started = time.time()   # reset by each fit()
-        self.rng = random.Random(cfg.seed + 1)
+        self._evaluated_at: int | None = None   # the last evaluated step, known to every process alike
+        self.model = TrainingForward(self.head)   # under DDP from fit() on when several processes train
 
     def _optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.head.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
@@ -312,15 +357,20 @@ class Trainer:
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
-    def _forward(self, seq: dict, rng: random.Random):
+    def anchor_rng(self, index: int) -> random.Random:
+        """The anchors of the index-th training sequence: drawn from (seed, index) alone, so that they do not depend
+        on which process trains it or how many processes there are (nor on a resume)."""
+        return random.Random(f"{self.cfg.seed}/{index}")
+
+    def _forward(self, seq: dict, rng: random.Random, model=None):
         """(batch on the training device, the head's logits for its anchors), or (None, None) for a sequence with
-        no anchor."""
+        no anchor. model: what computes the logits (default the head's own TrainingForward, no DDP)."""
         batch = sequence_batch(seq, self.cfg.n_mask + 1, self.cfg.anchors, rng, self.t2d)
         if batch is None:
             return None, None
         batch = to_device(batch, self.device)
         with self._autocast():
-            return batch, head_logits(self.head, self.target, seq, batch["anchors"])
+            return batch, head_logits(model or TrainingForward(self.head), self.target, seq, batch["anchors"])
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -347,6 +397,7 @@ class Trainer:
                 "chain_lengths": [int(x) for x in tot["chain_hist"]]}
 
     def save(self, directory, metrics: dict, command: str = "") -> None:
+        """The head in the run's format, and metrics.json beside it (the run's provenance and held-out metrics)."""
         head = self.head
         minutes = sum(s.get("minutes", 0.0) for s in self.sessions)
         lineage = {}
@@ -356,25 +407,34 @@ class Trainer:
                        "train_minutes_total": None if before is None else round(minutes + before, 1)}
         head.config.extra = {"command": command, "commit": _git_commit(), "sessions": self.sessions,
                              "train_minutes": round(minutes, 1), **lineage,
-                             "steps": self.step,
+                             "steps": self.step, "format": self.cfg.head_format,
+                             "world_size": distributed.world_size(), **self.provenance,
                              "tokens_seen": self.tokens_seen, "sequences_seen": self.sequences_seen,
                              "heldout_sequences": len(self.heldout), "vocab_coverage": round(self.coverage, 4),
                              "heldout": metrics, "train_config": self.cfg.__dict__, "head_bf16": self.bf16}
-        head.save(directory)
+        if self.cfg.head_format == "authors":
+            save_authors(head, directory, max_positions=self.target.max_positions)
+        else:
+            head.save(directory)
         (Path(directory) / "metrics.json").write_text(json.dumps(head.config.extra, indent=2))
 
     def checkpoint(self) -> None:
         torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                     "tokens_seen": self.tokens_seen, "best": self.best, "sequences_seen": self.sequences_seen,
                     "history": self.history, "sessions": self.sessions,
-                    "rng": self.rng.getstate()}, self.out / "ckpt.tmp")
+                    "head_format": self.cfg.head_format}, self.out / "ckpt.tmp")
         (self.out / "ckpt.tmp").rename(self.out / "ckpt.pt")
 
     def resume(self) -> bool:
+        """Continue from the run folder's checkpoint (written by any number of processes, read by any number)."""
         path = self.out / "ckpt.pt"
         if not path.is_file():
             return False
         state = torch.load(path, weights_only=False, map_location=self.device)
+        saved_format = state.get("head_format", "dartlab")
+        if saved_format != self.cfg.head_format:
+            raise TrainingError(f"{path} is a run with --format {saved_format}; resume it with --format "
+                                f"{saved_format} (or train into another --out)")
         saved_d2t = state["head"].get("d2t")
         if saved_d2t is not None and self.head.d2t is not None and len(saved_d2t) < len(self.head.d2t):
             self._resume_with_larger_vocab(state, saved_d2t)
@@ -386,7 +446,7 @@ class Trainer:
         self.sequences_seen = state["sequences_seen"]
         self.history = state["history"]
         self.sessions = state.get("sessions", [])
-        self.rng.setstate(state["rng"])
+        self._evaluated_at = self.history[-1]["step"] if self.history else None
         return True
 
     def _resume_with_larger_vocab(self, state: dict, saved_d2t: torch.Tensor) -> None:
@@ -397,6 +457,7 @@ class Trainer:
         small.load_state_dict(state["head"])
         d2t = self._choose_vocab(must_include=saved_d2t.tolist()).to(self.device)
         self.head = grow_draft_vocab(small, self.target, d2t).train()
+        self.model = TrainingForward(self.head)
         self.opt = self._optimizer()
         self.opt.load_state_dict(state["opt"])  # same parameter order; only lm_head's moments change shape
         rows = torch.searchsorted(d2t, saved_d2t.to(self.device))
@@ -409,57 +470,75 @@ class Trainer:
 
     def fit(self, next_sequence, command: str = "") -> dict:
         """Train until max_steps or the time limit. next_sequence(i) returns the i-th training sequence
-        (sequences are counted across resumes, so a resumed run continues with fresh data)."""
+        (sequences are counted across resumes, so a resumed run continues with fresh data; with several
+        processes, each step's sequences are shared out among them)."""
         c = self.cfg
         deadline = time.time() + c.minutes * 60 if c.minutes else math.inf
-        running = {"loss": 0.0, "hit0": 0.0, "chain": 0.0}
-        bar = tqdm(total=c.max_steps, initial=self.step, desc="training head", unit="step")
+        self.model = distributed.wrap(TrainingForward(self.head), self.device)
+        progress = Progress(c.max_steps, self.step, deadline, enabled=distributed.is_main())
         metrics = self.history[-1] if self.history else {}
-        self.sessions.append({"command": command, "commit": _git_commit(), "from_step": self.step, "minutes": 0.0})
+        self.sessions.append({"command": command, "commit": _git_commit(), "from_step": self.step, "minutes": 0.0,
+                              "world_size": distributed.world_size()})
         self._fit_started = time.time()
         if self.started_from is not None and not self.history:  # the starting head's score: the bar to beat
             metrics = self._eval_and_keep(command)
-        while self.step < c.max_steps and time.time() < deadline:
-            for group in self.opt.param_groups:
-                group["lr"] = self.lr_at(self.step)
-            self.opt.zero_grad(set_to_none=True)
-            for _ in range(c.accumulate):
-                seq = next_sequence(self.sequences_seen)
-                self.sequences_seen += 1
-                batch, logits = self._forward(seq, self.rng)
-                if batch is None:
-                    continue
-                loss = soft_ce(logits, batch, self.row_weights) / c.accumulate
-                loss.backward()
-                self.tokens_seen += int(batch["anchors"].numel())
-                st = row_stats(logits.detach(), batch)
-                n = max(int(st["rows"]), 1)
-                running["loss"] = 0.98 * running["loss"] + 0.02 * float(loss.detach()) * c.accumulate
-                running["hit0"] = 0.98 * running["hit0"] + 0.02 * float(st["hit1"][0]) / n
-                running["chain"] = 0.98 * running["chain"] + 0.02 * (1 + float(st["chain1"]) / n)
-            torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
-            self.opt.step()
-            self.step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{running['loss']:.3f}", row0=f"{running['hit0']:.2f}",
-                            chain_tau=f"{running['chain']:.2f}")
+        while self.step < c.max_steps and distributed.all_agree(time.time() < deadline):
+            stats = self._train_step(next_sequence)
+            progress.update(self.step, stats)
             if self.step % c.eval_every == 0:
                 metrics = self._eval_and_keep(command)
-        bar.close()
-        if not self.history or self.history[-1]["step"] != self.step:  # not just evaluated in the loop
+        progress.close()
+        if self._evaluated_at != self.step:  # not just evaluated in the loop
             metrics = self._eval_and_keep(command)
         return {"best_chain_tau": self.best, "last": metrics, "steps": self.step}
 
+    def _train_step(self, next_sequence) -> dict:
+        """One optimizer step over `accumulate` sequences per process. Returns the step's anchor tokens and its
+        mean loss, row-0 top-1 and chain tau over every process's sequences."""
+        c, world = self.cfg, distributed.world_size()
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr_at(self.step)
+        self.opt.zero_grad(set_to_none=True)
+        first = self.sequences_seen + distributed.rank() * c.accumulate  # this process's share of the step
+        sums = torch.zeros(5, dtype=torch.float64)   # sequences, anchor tokens, loss, row-0 top-1, chain tau
+        for k in range(c.accumulate):
+            with distributed.no_sync(self.model, sync=k == c.accumulate - 1):
+                batch, logits = self._forward(next_sequence(first + k), self.anchor_rng(first + k), self.model)
+                if batch is None:
+                    if world > 1:  # the other processes would wait for this one's gradients forever
+                        raise TrainingError(f"training sequence {first + k} has no anchor (a reply of under 2 "
+                                            "tokens); such sequences must be left out before training")
+                    continue
+                loss = soft_ce(logits, batch, self.row_weights)
+                (loss / c.accumulate).backward()
+            st = row_stats(logits.detach(), batch)
+            n = max(int(st["rows"]), 1)
+            sums += torch.tensor([1.0, batch["anchors"].numel(), float(loss.detach()), float(st["hit1"][0]) / n,
+                                  1 + float(st["chain1"]) / n], dtype=torch.float64)
+        sums = distributed.summed(sums)
+        self.sequences_seen += c.accumulate * world
+        self.tokens_seen += int(sums[1])
+        torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
+        self.opt.step()
+        self.step += 1
+        n = max(float(sums[0]), 1.0)
+        return {"tokens": int(sums[1]), "loss": float(sums[2]) / n, "row0": float(sums[3]) / n,
+                "chain_tau": float(sums[4]) / n}
+
     def _eval_and_keep(self, command: str) -> dict:
-        # wall-clock time of this fit() so far (only fit() calls this): a run's total training time stays on record
-        self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60
-        metrics = {"step": self.step, **self.evaluate()}
-        self.history.append(metrics)
-        tqdm.write(f"[eval] step {self.step}: {json.dumps(metrics)}")
-        if metrics["chain_tau"] > self.best:
-            self.best = metrics["chain_tau"]
-            self.save(self.out / "best", metrics, command)
-        self.checkpoint()
+        """Rank 0 evaluates, keeps the best head and checkpoints; the other processes wait for it."""
+        metrics, self._evaluated_at = {}, self.step
+        if distributed.is_main():
+            # wall-clock time of this fit() so far (only fit() calls this): a run's total training time stays on record
+            self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60
+            metrics = {"step": self.step, **self.evaluate()}
+            self.history.append(metrics)
+            tqdm.write(f"[eval] step {self.step}: {json.dumps(metrics)}")
+            if metrics["chain_tau"] > self.best:
+                self.best = metrics["chain_tau"]
+                self.save(self.out / "best", metrics, command)
+            self.checkpoint()
+        distributed.barrier()
         return metrics
 
 
