@@ -9,6 +9,7 @@ gloo on a CPU, NCCL on GPUs (one GPU per process: cuda:LOCAL_RANK).
 
 from __future__ import annotations
 
+import inspect
 import os
 from contextlib import contextmanager, nullcontext
 
@@ -63,7 +64,13 @@ def wrap(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     if world_size() <= 1:
         return module
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(module, device_ids=ids, broadcast_buffers=False)
+    return DistributedDataParallel(module, device_ids=ids, **_NO_BUFFER_SYNC)
+
+
+# synced once at construction, never per forward (the argument's name changed in torch 2.13)
+_NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                   if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                   else {"broadcast_buffers": False})
 
 
 def no_sync(model: torch.nn.Module, sync: bool):
