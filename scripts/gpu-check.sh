@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, at most 8 minutes on one GPU: lossless decoding on the device in fp32, bf16 and fp16 with tiny
 # models (our head and one in the DART authors' format, Llama and Qwen3 targets), then DART against plain decoding
-# on 10 prompts with the default model where its files are on the machine. Prints one line per check.
+# on 10 prompts with the default model where its files are on the machine; and a few training steps of a head in the
+# authors' format on a tiny Qwen3, data-parallel over every GPU here (torchrun), whose head must decode losslessly.
+# Prints one line per check.
 #
 #   scripts/gpu-check.sh            # on a GPU
 #   scripts/gpu-check.sh cpu quick  # the same code paths on a CPU, in seconds (the test suite runs this)

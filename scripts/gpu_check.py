@@ -9,6 +9,9 @@ Checks, per dtype (fp32, bf16, fp16):
   the target's own greedy tokens in fp32; in bf16 / fp16 a tree verified in one batch may round differently from
   one token at a time at near-ties, so there the check is that most prompts agree token for token;
 - timings: every step's phases were timed (CUDA events on a GPU) and add up to no more than the wall time.
+Then training: `train --format authors` for a few steps on a tiny Qwen3 target, data-parallel over every GPU here
+(torchrun, NCCL; on a CPU one process in --quick, two over gloo otherwise), bf16 autocast where the device has it;
+the head it writes must load and decode losslessly, and its anchor tokens per second are printed.
 Then, with the default model (SmolLM2-135M-Instruct) if it is on this machine: DART against plain decoding on 10
 MT-bench prompts, greedy, token-identical in fp32, with both speeds.
 """
@@ -16,12 +19,16 @@ MT-bench prompts, greedy, token-identical in fp32, with both speeds.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from dart_core.decoding import GenerationConfig, run
 from dart_core.errors import DartError
@@ -32,9 +39,14 @@ from dart_core.setup.datasets import mtbench_prompts
 from dart_core.setup.defaults import cache_root
 from dart_core.setup.loading import load, load_draft
 from dart_core.tree_search import SearchConfig
-from tests.authors_format import write_authors_head
+from dart_core.draft_head import DraftConfig, DraftHead
+from dart_core.head_formats import save_authors
+from dart_core.target import TargetModel
 from tests.test_engine_lossless import prompts
 from tests.tiny import plain_greedy_reference, random_head, tiny_target
+from tests.train_fixtures import save_tiny_qwen3, write_chats
+
+ROOT = Path(__file__).resolve().parent.parent
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LOW_PRECISION_AGREEMENT = 0.75   # share of prompts token-identical where rounding may split near-ties
@@ -53,7 +65,9 @@ class Report:
 def tiny_lossless(report: Report, device: str, dtype: str, n_prompts: int, folder: Path) -> None:
     for family in ("llama", "qwen3"):
         target = tiny_target(family, seed=3, dtype=DTYPES[dtype], device=device)
-        write_authors_head(folder / family, target, draft_length=3, seed=1)
+        authors = DraftHead.random(DraftConfig.for_target(target.config, n_mask=3, tie_output=False,
+                                                          double_norm=True), seed=2)
+        save_authors(authors, folder / family)   # written by the project's writer, read by its reader
         heads = {"own head": random_head(target, seed=1),
                  "authors' head": load_draft(str(folder / family), target)}
         for name, head in heads.items():
@@ -72,6 +86,48 @@ def tiny_lossless(report: Report, device: str, dtype: str, n_prompts: int, folde
                          f"{same}/{len(batch)} prompts token-identical to the target's own greedy decoding "
                          f"({steps} steps)")
             report.check(f"{dtype} {family} {name} timings", timed, "every phase timed, within the wall time")
+
+
+def training_processes(device: str, quick: bool) -> int:
+    if device.startswith("cuda"):
+        return max(torch.cuda.device_count(), 1)
+    return 1 if quick else 2
+
+
+def tiny_training(report: Report, device: str, quick: bool, folder: Path) -> None:
+    """A few steps of `train --format authors` on a tiny Qwen3, over every GPU here; the head must decode."""
+    save_tiny_qwen3(folder / "model")
+    write_chats(folder / "chats.jsonl", 40)
+    n = training_processes(device, quick)
+    launcher = [sys.executable, "-m", "dart_core"] if n == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), "-m", "dart_core"]
+    command = [*launcher, "train", "--model", str(folder / "model"), "--chats", str(folder / "chats.jsonl"),
+               "--format", "authors", "--out", str(folder / "run"), "--device", "cuda" if device.startswith("cuda")
+               else "cpu", "--sharegpt", "0", "--vocab-ngram", "none", "--steps", "4", "--eval-every", "4",
+               "--heldout", "4", "--n-mask", "3", "--draft-vocab", "64", "--anchors", "32", "--dtype", "bf16"]
+    env = {**os.environ, "DART_CACHE_DIR": str(folder / "cache"), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    metrics_file = folder / "run" / "best" / "metrics.json"
+    if done.returncode != 0 or not metrics_file.is_file():
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        report.check(f"training on {n} process(es)", False, f"exit {done.returncode}: {tail}")
+        return
+    metrics = json.loads(metrics_file.read_text())
+    report.check(f"training on {n} process(es)", metrics["world_size"] == n and metrics["steps"] == 4,
+                 f"{metrics['steps']} steps, world size {metrics['world_size']}, head bf16 {metrics['head_bf16']}")
+    seconds = 60 * metrics["train_minutes"] if metrics["train_minutes"] else float("nan")
+    print(f"INFO  training: {metrics['tokens_seen']} anchor tokens in {seconds:.0f} s, "
+          f"{metrics['tokens_seen'] / seconds:.0f}/s (tiny target, {n} process(es), the evaluation included)",
+          flush=True)
+    target = TargetModel(AutoModelForCausalLM.from_pretrained(str(folder / "model"), dtype=torch.float32)
+                         .to(device).eval())
+    head = load_draft(str(folder / "run" / "best"), target)
+    proposer = DartProposer(HeadDrafter(head, target), SearchConfig(node_budget=20))
+    batch = prompts(3, target.vocab_size, seed=5)
+    same = sum(run(target, proposer, p, GenerationConfig(max_new_tokens=16)).output_ids ==
+               plain_greedy_reference(target, p, 16) for p in batch)
+    report.check("trained head (authors' format) lossless", same == len(batch),
+                 f"{same}/{len(batch)} prompts token-identical in fp32 (trained for {seconds:.0f} s)")
 
 
 def default_model(report: Report, device: str, n_prompts: int, max_new_tokens: int) -> None:
@@ -112,6 +168,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=10, help="default-model prompts (MT-bench)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="per default-model prompt")
     p.add_argument("--skip-tiny", action="store_true", help="only the default-model comparison")
+    p.add_argument("--skip-training", action="store_true", help="no training check")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"error: --device {args.device}, but CUDA is not available here", file=sys.stderr)
@@ -129,6 +186,8 @@ def main(argv=None) -> int:
                 tiny_lossless(report, args.device, dtype, 3 if args.quick else 8, Path(tmp))
             except (RuntimeError, DartError) as exc:   # a dtype the device cannot run is a failed check, not a crash
                 report.check(f"{dtype} runs", False, str(exc).splitlines()[0])
+        if not (args.skip_tiny or args.skip_training):
+            tiny_training(report, args.device, args.quick, Path(tmp) / "training")
     if not args.quick:
         default_model(report, args.device, args.prompts, args.max_new_tokens)
     print(f"{'ALL CHECKS PASSED' if not report.failed else 'FAILED: ' + ', '.join(report.failed)}", flush=True)
