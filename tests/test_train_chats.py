@@ -101,3 +101,16 @@ def test_the_command_refuses_bad_data_and_targets_in_one_line(tmp_path, model_di
     seq2seq.mkdir()
     (seq2seq / "config.json").write_text(json.dumps({"model_type": "qwen3", "architectures": ["Qwen3ForTokenClassification"]}))
     assert "causal LMs" in _one_line_error(capsys, ["train", "--model", str(seq2seq), "--out", str(tmp_path / "o")])
+
+
+def test_the_default_vocabulary_counts_are_skipped_for_another_vocabulary():
+    """--vocab-ngram default is the default model's table: for a target with another vocabulary it is not used
+    (it once crashed the run); a table named by the user that does not fit is a one-line error."""
+    from dart_core.setup.ngram_tables import ensure_default_ngram
+    from dart_core.tools.args import CliError
+    from dart_core.tools.train import unigram_counts
+
+    assert unigram_counts("default", 96) is None
+    assert unigram_counts("default", 49152).shape == (49152,)
+    with pytest.raises(CliError, match="counts a vocabulary of 49152; the target has 96"):
+        unigram_counts(str(ensure_default_ngram()), 96)

@@ -147,6 +147,10 @@ def unigram_counts(spec: str, vocab_size: int):
     table = load_ngram(spec, vocab_size)
     if table is None:
         return None
+    if table.vocab_size != vocab_size:
+        if spec == "default":   # the default model's table: another target's vocabulary is not its
+            return None
+        raise CliError(f"--vocab-ngram {spec} counts a vocabulary of {table.vocab_size}; the target has {vocab_size}")
     counts = torch.zeros(vocab_size, dtype=torch.float64)
     counts[torch.from_numpy(table.keys[0].astype("int64"))] = torch.from_numpy(table.counts[0]).double()
     return counts
