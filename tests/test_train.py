@@ -342,3 +342,29 @@ def test_init_from_a_folder_that_is_no_head_or_fits_another_model_is_a_clear_err
             _starting_head(tmp_path, target)
     finally:
         target.config._name_or_path = ""
+
+
+def test_a_head_in_the_authors_architecture_starts_from_the_targets_output(data, tmp_path):
+    """--format authors: a double norm, features scaled without a mean, and the target's norm weight folded into
+    the output rows, so lm_head(n(n(h))) starts as the target's lm_head(norm(h)) on the draft vocabulary."""
+    target, seqs = data
+    trainer = Trainer(target, seqs[:6], seqs[:3], TrainConfig(n_mask=2, draft_vocab=48, anchors=8,
+                                                              head_format="authors"), tmp_path, stop_ids={2})
+    head = trainer.head
+    assert head.config.double_norm and torch.equal(head.feature_mean, torch.zeros_like(head.feature_mean))
+    h = 3 * torch.randn(5, target.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = head.lm_head(head.final_norm(head.final_norm(h)))
+        theirs = target.lm_head(target.model.model.norm(h))[:, head.d2t]
+    assert torch.allclose(ours, theirs, atol=1e-3, rtol=1e-4)
+
+
+def test_a_checkpoint_resumes_only_in_its_own_format(data, tmp_path):
+    from dart_core.training.trainer import TrainingError
+
+    target, seqs = data
+    cfg = TrainConfig(n_mask=1, draft_vocab=20, anchors=4, accumulate=1, max_steps=1, eval_every=1, warmup=1)
+    Trainer(target, seqs[:6], seqs[:2], cfg, tmp_path / "r", stop_ids={2}).fit(lambda i: seqs[2 + i % 10])
+    other = Trainer(target, seqs[:6], seqs[:2], replace(cfg, head_format="authors"), tmp_path / "r", stop_ids={2})
+    with pytest.raises(TrainingError, match="a run with --format dartlab; resume it with --format dartlab"):
+        other.resume()
