@@ -24,8 +24,8 @@ from ..setup.loading import load_ngram, load_target, stop_ids
 from ..setup.models import resolve_model_path
 from ..training import distributed
 from ..training.chats import TrainingDataError, chat_file_records, read_chats
-from ..training.data import (cached_example, generate_responses, read_jsonl, sequence_example,
-                             sharegpt_sequences, stdlib_code_sequences)
+from ..training.data import (cached_example, fixed_heldout, generate_responses, read_jsonl, same_source,
+                             sequence_example, sharegpt_sequences, stdlib_code_sequences)
 from ..training.trainer import FORMATS, Trainer, TrainConfig
 from .args import THINKING_HELP, CliError, add_model_args
 
@@ -61,6 +61,10 @@ def register(sub) -> None:
                         "loaded by their code unchanged; trained in their architecture)")
     t.add_argument("--max-tokens", type=int, default=512, help="tokens per training sequence at most")
     t.add_argument("--heldout", type=int, default=48, help="sequences kept out of training for the metrics")
+    t.add_argument("--heldout-set", choices=["random", "fixed"], default="random",
+                   help="random: the first --heldout of this run's shuffled data; fixed: the same 32 ShareGPT "
+                        "conversations and 16 standard-library functions for every run, whatever its data "
+                        "(the learning curve compares runs on it)")
     t.add_argument("--out", required=True, help="run folder: checkpoints, and best/ (the head to ship)")
     t.add_argument("--minutes", type=float, default=0.0, help="stop after this long (0 = run the schedule)")
     t.add_argument("--steps", type=int, default=1200, help="optimizer steps in the schedule")
@@ -229,9 +233,7 @@ def _train(args, out: Path, device: str, target_config: dict) -> int:
     start = _starting_head(args.init_from, target, args.format)
     records, sources = gather_records(target.tokenizer, args.responses, args.sharegpt, args.max_tokens, args.seed,
                                       args.code, args.chats, args.thinking)
-    if len(records) <= args.heldout + 1:
-        raise CliError(f"only {len(records)} training sequences: need more than --heldout {args.heldout}")
-    heldout_recs, train_recs = records[: args.heldout], records[args.heldout:]
+    heldout_recs, train_recs = split_heldout(records, args, target.tokenizer)
     say(f"[train] {len(train_recs)} training sequences, {len(heldout_recs)} held out; "
         f"{distributed.world_size()} process(es)", flush=True)
 
@@ -244,7 +246,8 @@ def _train(args, out: Path, device: str, target_config: dict) -> int:
     stats = [] if start is not None else [example(r) for r in train_recs[:96]]  # a new head's vocabulary, scales
     provenance = {"target": _target_record(args.model, target_config, target), "thinking": args.thinking,
                   "data": {"sources": sources, "training_sequences": len(train_recs),
-                           "heldout_sequences": len(heldout_recs), "max_tokens": args.max_tokens}}
+                           "heldout_sequences": len(heldout_recs), "heldout_set": args.heldout_set,
+                           "max_tokens": args.max_tokens}}
     trainer = Trainer(target, stats, heldout, cfg, out, stop_ids=stops,
                       corpus_counts=unigram_counts(args.vocab_ngram, target.vocab_size), start_head=start,
                       provenance=provenance)
@@ -254,6 +257,20 @@ def _train(args, out: Path, device: str, target_config: dict) -> int:
     result = trainer.fit(lambda i: example(train_recs[i % len(train_recs)]), _launch_command(sys.argv[1:]))
     say(f"[train] done: {result}", flush=True)
     return 0
+
+
+def split_heldout(records: list[dict], args, tokenizer) -> tuple[list[dict], list[dict]]:
+    """(held-out records, training records): --heldout-set fixed keeps the shared set, and every record of the same
+    source text, out of training; random takes the first --heldout of the shuffled records."""
+    if args.heldout_set == "fixed":
+        heldout = fixed_heldout(tokenizer, args.max_tokens, thinking=args.thinking)
+        kept_out = {same_source(r["id"]) for r in heldout}
+        train = [r for r in records if same_source(r["id"]) not in kept_out]
+    else:
+        heldout, train = records[: args.heldout], records[args.heldout:]
+    if len(train) < 2 or not heldout:
+        raise CliError(f"only {len(records)} sequences: too few to hold {len(heldout)} out and train on the rest")
+    return heldout, train
 
 
 def _target_record(name: str, config: dict, target) -> dict:

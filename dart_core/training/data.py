@@ -82,6 +82,35 @@ def sharegpt_sequences(tokenizer, skip_ids: set[str], limit: int, max_tokens: in
     return out[:limit]
 
 
+def fixed_heldout(tokenizer, max_tokens: int, chat: int = 32, code: int = 16, thinking: bool = False,
+                  stdlib_root: Path | None = None) -> list[dict]:
+    """The held-out set every run can share (`train --heldout-set fixed`): the `chat` ShareGPT conversations (as
+    written) and the `code` standard-library functions whose ids hash lowest, among those that make a record. It
+    depends on neither the training mix, its counts nor the seed, so runs with different data compare on it."""
+    def lowest(ids: list[str], make, n: int) -> list[dict]:
+        out = []
+        for rid in sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest()):
+            record = make(rid) if len(out) < n else None
+            out += [record] if record is not None else []
+        return out
+
+    convs = {f"sharegpt-text/{n}": c for n, c in enumerate(iter_sharegpt())
+             if len(c) >= 2 and c[0]["role"] == "user"}
+    chat_recs = lowest(list(convs), lambda rid: chat_record(tokenizer, rid, convs[rid][0], convs[rid][1],
+                                                            max_tokens, thinking), chat)
+    functions = {f"stdlib/{where}": (header, body) for where, header, body in
+                 documented_functions(Path(stdlib_root or sysconfig.get_paths()["stdlib"]))} if code else {}
+    code_recs = lowest(list(functions), lambda rid: code_record(tokenizer, rid, *functions[rid], max_tokens,
+                                                                thinking), code)
+    return chat_recs + code_recs
+
+
+def same_source(record_id: str) -> str:
+    """What a record's id says of its source text: a ShareGPT prompt answered by the target (sharegpt/N) and the
+    same conversation as written (sharegpt-text/N) share a prompt, so a held-out one keeps both out of training."""
+    return record_id.replace("sharegpt-text/", "sharegpt/")
+
+
 SKIPPED_STDLIB_DIRS = {"test", "tests", "site-packages", "dist-packages", "idlelib", "lib2to3", "turtledemo"}
 
 
@@ -109,15 +138,20 @@ def documented_functions(root: Path):
             yield f"{path.relative_to(root)}:{node.lineno}", header, code
 
 
+def code_record(tokenizer, record_id: str, header: str, code: str, max_tokens: int, thinking: bool = False):
+    """A function posed as HumanEval poses its problems (signature and docstring), answered with its own code."""
+    user = {"role": "user", "content": CODE_COMPLETION_PROMPT.format(code=header + "\n")}
+    reply = {"role": "assistant", "content": f"```python\n{code}\n```"}
+    return chat_record(tokenizer, record_id, user, reply, max_tokens, thinking)
+
+
 def stdlib_code_sequences(tokenizer, limit: int, max_tokens: int, seed: int = 2, root: Path | None = None,
                           thinking: bool = False):
     """Up to `limit` HumanEval-style code sequences (chat template) from the standard library, shuffled."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
     out = []
     for where, header, code in documented_functions(root):
-        user = {"role": "user", "content": CODE_COMPLETION_PROMPT.format(code=header + "\n")}
-        reply = {"role": "assistant", "content": f"```python\n{code}\n```"}
-        record = chat_record(tokenizer, f"stdlib/{where}", user, reply, max_tokens, thinking)
+        record = code_record(tokenizer, f"stdlib/{where}", header, code, max_tokens, thinking)
         if record is not None:
             out.append(record)
     random.Random(seed).shuffle(out)
