@@ -21,6 +21,7 @@ import gradio as gr
 
 from dart_core.errors import DartError
 from dart_core.methods import DART, PLD, VANILLA
+from dart_core.setup.loading import DraftSettings
 from dart_core.trace import Trace, TraceError, check_trace
 from dart_core.views import figures
 from dart_core.views.animation import SPEEDS, run_animation, step_animation
@@ -33,6 +34,7 @@ from .engine import Engine, EngineError
 from .lanes import DONE, ERROR, LANE_ORDER, LANE_TITLES, STOPPED, Lane, lane_of, lane_stats, lane_status_text, \
     replay_lane, round_robin
 from .options import OptionError, check_knob, check_prompt, sampling_from, search_from
+from .request import RunRequest
 from .session import Session, SessionStore, freed_text
 from .whatif import HOW_TEXT, is_greedy, what_if
 
@@ -263,30 +265,30 @@ class Callbacks:
 
     # ------------------------------------------------------------------ events
     @session_event(tell=False)
-    def run(self, session: Session, prompt, use_pld, temperature, top_p, top_k, max_new_tokens, seed,
-            node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay,
-            show_pruned=False, lookup_branch=False, auto_budget=False) -> Iterator[dict]:
-        """Generate with plain decoding and DART (and prompt lookup), interleaved step by step.
-        lookup_branch: DART's trees also get prompt lookup's copied continuation as one more branch;
-        auto_budget: DART's node budget is chosen as the run goes (node_budget is where it starts)."""
+    def run(self, session: Session, request: RunRequest) -> Iterator[dict]:
+        """Generate with plain decoding and DART (and prompt lookup), interleaved step by step."""
+        r = request
+        show_pruned = r.show_pruned
         try:
             if not self.engine.can_generate:
                 raise EngineError("Replay mode: no model is loaded, so nothing can be generated. "
                                   "Upload a saved trace to explore it.")
-            prompt = check_prompt(prompt)
-            sampling = sampling_from(temperature, top_p, top_k, seed)
-            max_new = check_knob("max_new_tokens", max_new_tokens)
-            search = search_from(node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay)
+            prompt = check_prompt(r.prompt)
+            sampling = sampling_from(r.temperature, r.top_p, r.top_k, r.seed)
+            max_new = check_knob("max_new_tokens", r.max_new_tokens)
+            search = search_from(r.node_budget, r.beam_width, r.topk, r.ngram_weight, r.level_exponent,
+                                 r.logit_decay)
             prompt_ids = self.engine.encode(prompt)
+            settings = DraftSettings(search, bool(r.auto_budget))
         except DartError as exc:
             yield {"state": session, **warn(str(exc))}
             return
-        keys = [VANILLA, DART] + ([PLD] if use_pld else [])
+        keys = [VANILLA, DART] + ([PLD] if r.use_pld else [])
         lanes = []
         for key in keys:
-            method = self.engine.method_of(key, bool(lookup_branch))
-            trace = self.engine.new_trace(method, prompt_ids, prompt, sampling, search, max_new, bool(auto_budget))
-            steps = self.engine.steps(method, prompt_ids, sampling, search, max_new, bool(auto_budget))
+            method = self.engine.method_of(key, bool(r.lookup_branch))
+            trace = self.engine.new_trace(method, prompt_ids, prompt, sampling, max_new, settings)
+            steps = self.engine.steps(method, prompt_ids, sampling, max_new, settings)
             lanes.append(Lane(key, trace, steps, on_step=self.engine.name_step))
         session.new_run(lanes)
         session.running = True
@@ -447,7 +449,7 @@ class Callbacks:
         step = trace.steps[i]
         title = f"What-if on step {i}: {len(result.tree) - 1} draft nodes, {result.accepted} accepted"
         view = figures.tree_view(trace, result.tree, result.path, result.bonus, result.candidates, result.context,
-                                 False, title=title, lookup_nodes=result.lookup_nodes)
+                                 result.lookup_nodes, figures.TreeOptions(title))
         fig = figures.tree_figure_from_view(view)
         would = "".join(token_text(trace, result.tree.tokens[n]) for n in result.path[1:])
         rec = "".join(token_text(trace, t) for t in step.new_tokens[: step.accepted])

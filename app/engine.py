@@ -13,17 +13,14 @@ from dataclasses import dataclass, field
 
 from dart_core.acceptance import SamplingConfig
 from dart_core.decoding import GenerationConfig, generate, verify_once
-from dart_core.draft_head import DraftHeadError
 from dart_core.errors import DartError
 from dart_core.methods import DART, DART_PLD
 from dart_core.ngram import NGramModel
-from dart_core.proposers import Proposer
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.defaults import DEFAULT_HEAD
-from dart_core.setup.loading import Loaded, check_ngram_fits, dtype_name, load_draft, load_ngram, load_target
+from dart_core.setup.loading import DraftSettings, Loaded, load, load_ngram
 from dart_core.trace import Trace
 from dart_core.tree import TokenTree
-from dart_core.tree_search import SearchConfig
 
 from .options import MAX_PROMPT_TOKENS
 
@@ -45,25 +42,16 @@ class Engine:
              dtype: str = "auto", draft_int8: str = "auto") -> "Engine":
         """Load the target, the draft head and the n-gram table. A missing default head falls back to a random
         (untrained) head, with a notice for the UI."""
-        target = load_target(model, device, dtype)
-        dtype = dtype_name(target)
+        loaded = load(model, draft, ngram, device, dtype, draft_int8=draft_int8, random_fallback=True)
         notices = []
-        try:
-            head = load_draft(draft, target)
-        except DraftHeadError:
-            if draft not in (None, "", "default"):
-                raise
+        if loaded.fell_back:
             notices.append(f"No trained DART head is shipped yet (assets/{DEFAULT_HEAD.name}/ is missing): the app "
                            f"uses a random, untrained head. The trees are real but almost nothing gets accepted, "
                            f"so DART is slower than plain decoding here.")
-            draft, head = "random", load_draft("random", target)
-        else:
-            if draft == "random":
-                notices.append("The draft head is random (untrained, --draft random): the trees are real but almost "
-                               "nothing gets accepted.")
-        table = load_ngram(ngram, target.vocab_size)
-        check_ngram_fits(table, target)
-        return cls(Loaded(target, head, table, model, draft, ngram, device, dtype, draft_int8), notices=notices)
+        elif draft == "random":
+            notices.append("The draft head is random (untrained, --draft random): the trees are real but almost "
+                           "nothing gets accepted.")
+        return cls(loaded, notices=notices)
 
     @classmethod
     def replay_only(cls, ngram: str | None = "default") -> "Engine":
@@ -112,18 +100,15 @@ class Engine:
         """The decoding method a lane runs: the DART lane runs dart_pld when the lookup branch is on."""
         return DART_PLD if lane == DART and lookup_branch else lane
 
-    def proposer(self, method: str, search: SearchConfig, auto: bool = False) -> Proposer:
-        return self.loaded.proposer(method, search, auto=auto)
-
     def new_trace(self, method: str, prompt_ids: list[int], prompt: str, sampling: SamplingConfig,
-                  search: SearchConfig, max_new_tokens: int, auto: bool = False) -> Trace:
-        return self.loaded.new_trace(method, prompt_ids, prompt, sampling, search, max_new_tokens, auto=auto)
+                  max_new_tokens: int, settings: DraftSettings) -> Trace:
+        return self.loaded.new_trace(method, prompt_ids, prompt, sampling, max_new_tokens, settings)
 
-    def steps(self, method: str, prompt_ids: list[int], sampling: SamplingConfig, search: SearchConfig,
-              max_new_tokens: int, auto: bool = False):
+    def steps(self, method: str, prompt_ids: list[int], sampling: SamplingConfig, max_new_tokens: int,
+              settings: DraftSettings):
         """The step generator of one lane (lazy: nothing runs before the first `next()`)."""
         config = GenerationConfig(max_new_tokens, sampling, stop_ids=self.loaded.stop_ids)
-        return generate(self.target, self.proposer(method, search, auto), prompt_ids, config)
+        return generate(self.target, self.loaded.proposer(method, settings), prompt_ids, config)
 
     def name_step(self, trace: Trace, step) -> None:
         """Record the text of the tokens a new step mentions (replays need no tokenizer)."""

@@ -142,9 +142,12 @@ class AutoBudget:
     search, then `lookup_tokens` is the branch length to graft; `remember` after the search, with the branch looked
     up at its longest."""
 
-    def __init__(self, curve, start: int, max_budget: int = MAX_BUDGET, remeasure=None):
-        """remeasure: a function that measures the cost curve again (None: a disagreeing curve is only scaled)."""
+    def __init__(self, curve, start: int, max_budget: int = MAX_BUDGET, remeasure=None,
+                 rechoose_every: int = RECHOOSE_EVERY):
+        """remeasure: a function that measures the cost curve again (None: a disagreeing curve is only scaled);
+        rechoose_every: verify steps between two choices (scripts/rechoose.py weighs it against one choice a run)."""
         self.curve, self.start, self.max_budget = curve, int(start), int(max_budget)
+        self.rechoose_every = int(rechoose_every)
         self.remeasure, self._ratios = remeasure, []
         self.budgets = np.arange(self.max_budget + 1)
         self.overhead, self._timed = 0.0, 0              # mean seconds of drafting and search per step
@@ -178,7 +181,7 @@ class AutoBudget:
         decoding (no drafting), except on probe steps."""
         self._settle(context)
         self._since_choice += 1
-        every = PROBE_EVERY if self.budget == 0 else RECHOOSE_EVERY
+        every = PROBE_EVERY if self.budget == 0 else self.rechoose_every
         if self.steps >= MIN_STEPS and (self.choice is None or self._since_choice >= every):
             self.choice, self._since_choice = self.best(), 0
             self.choice_record, self.budget = self.choice.to_dict(), self.choice.budget

@@ -144,10 +144,6 @@ class DraftCache:
         self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=1)
         self.values = v if self.values is None else torch.cat([self.values, v], dim=1)
 
-    def truncate(self, length: int) -> None:
-        if self.keys is not None:
-            self.keys, self.values = self.keys[:, :length], self.values[:, :length]
-
 
 class DraftHead(nn.Module):
     def __init__(self, config: DraftConfig):

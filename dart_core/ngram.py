@@ -23,15 +23,21 @@ class NGramError(DartError):
     """An n-gram table that cannot be built or read."""
 
 
+def key_bits(vocab_size: int, order: int, where: str = "") -> int:
+    """The bits a token takes in a packed key; an error (prefixed by `where`) if `order` of them do not fit in 64."""
+    bits = max(1, int(vocab_size - 1).bit_length())
+    if bits * order > 64:
+        raise NGramError(f"{where}order {order} with a vocabulary of {vocab_size} does not fit in 64-bit keys")
+    return bits
+
+
 class NGramModel:
     def __init__(self, order: int, vocab_size: int, keys: list[np.ndarray], counts: list[np.ndarray]):
         if order < 2:
             raise NGramError(f"n-gram order must be at least 2, got {order}")
         self.order = order
         self.vocab_size = vocab_size
-        self.bits = max(1, int(vocab_size - 1).bit_length())
-        if self.bits * order > 64:
-            raise NGramError(f"order {order} with a vocabulary of {vocab_size} does not fit in 64-bit keys")
+        self.bits = key_bits(vocab_size, order)
         if len(keys) != order or len(counts) != order:
             raise NGramError("need one key array and one count array per order")
         self.keys = [np.asarray(k, dtype=np.uint64) for k in keys]      # keys[k-1]: sorted packed k-grams
@@ -41,9 +47,7 @@ class NGramModel:
     @classmethod
     def build(cls, streams: Iterable[Sequence[int]], vocab_size: int, order: int = 3) -> "NGramModel":
         """Count every k-gram (k <= order) inside each token stream; n-grams never cross stream boundaries."""
-        bits = max(1, int(vocab_size - 1).bit_length())
-        if bits * order > 64:
-            raise NGramError(f"order {order} with a vocabulary of {vocab_size} does not fit in 64-bit keys")
+        bits = key_bits(vocab_size, order)
         chunks: list[list[np.ndarray]] = [[] for _ in range(order)]
         for stream in streams:
             ids = np.asarray(stream, dtype=np.uint64)

@@ -25,7 +25,7 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
-from .ngram import NGramError, NGramModel
+from .ngram import NGramError, NGramModel, key_bits
 
 MAX_ORDER = 64            # a packed key holds at most 64 one-bit tokens; anything above is not a trie of ours
 NODE_WORDS = 6            # i32 token, u64 parent, i32 freq, u64 n_children
@@ -96,8 +96,8 @@ def _parse(fh, size: int, path, vocab_size: int | None, progress: bool):
     order, n = (int(x) for x in np.frombuffer(head, dtype="<u8"))
     if not 2 <= order <= MAX_ORDER:
         raise NGramError(f"{path}: header order {order} is not a usable n-gram order (2..{MAX_ORDER})")
-    if vocab_size is not None and max(1, int(vocab_size - 1).bit_length()) * order > 64:
-        raise NGramError(f"{path}: order {order} with a vocabulary of {vocab_size} does not fit in 64-bit keys")
+    if vocab_size is not None:
+        key_bits(vocab_size, order, f"{path}: ")
     if n < 1:
         raise NGramError(f"{path}: header says 0 nodes (a trie has at least its root)")
     if n > (size - 16) // (4 * NODE_WORDS):
@@ -237,9 +237,7 @@ def _to_model(path, order: int, vocab_size: int | None, token, freq, n_children,
     """Walk the trie level by level from the root: a level's keys are its parents' keys shifted, plus its tokens."""
     n = token.size
     vocab = int(vocab_size) if vocab_size is not None else (int(token[1:].max()) + 1 if n > 1 else 1)
-    bits = max(1, (vocab - 1).bit_length())
-    if bits * order > 64:
-        raise NGramError(f"{path}: order {order} with a vocabulary of {vocab} does not fit in 64-bit keys")
+    bits = key_bits(vocab, order, f"{path}: ")
     child_start = _excl_cumsum(n_children)
     frontier = np.zeros(1, dtype=np.int64)          # this level's nodes, in key order
     frontier_keys = np.zeros(1, dtype=np.uint64)

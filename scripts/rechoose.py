@@ -14,13 +14,13 @@ import argparse
 import sys
 import time
 
-import dart_core.budget as budget
+from dart_core.budget import RECHOOSE_EVERY
 from dart_core.decoding import GenerationConfig, run
 from dart_core.hardware import detect
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.datasets import iter_sharegpt
 from dart_core.setup.defaults import default_search_config
-from dart_core.setup.loading import load
+from dart_core.setup.loading import DraftSettings, load
 
 NEVER = 10**9
 
@@ -36,20 +36,19 @@ def main(argv=None) -> int:
     firsts = [c[0]["content"] for c in iter_sharegpt()
               if c[0]["role"] == "user" and 20 <= len(c[0]["content"]) <= 1500]
     prompts = firsts[-(args.prompts + 28):-28]   # clear of the last 24+ that scripts/tune_search.py records
-    shipped = budget.RECHOOSE_EVERY
+    shipped = RECHOOSE_EVERY
     totals = {shipped: [0, 0.0], NEVER: [0, 0.0]}
     for r in range(args.rounds):
         for text in prompts:
             ids = encode_prompt(loaded.target.tokenizer, text)
             for every in (shipped, NEVER) if r % 2 == 0 else (NEVER, shipped):
-                budget.RECHOOSE_EVERY = every
-                proposer = loaded.proposer("dart_pld", default_search_config(), auto=True)
+                settings = DraftSettings(default_search_config(), auto_budget=True, rechoose_every=every)
+                proposer = loaded.proposer("dart_pld", settings)
                 t0 = time.perf_counter()
                 trace = run(loaded.target, proposer, ids,
                             GenerationConfig(max_new_tokens=args.max_new_tokens, stop_ids=loaded.stop_ids))
                 totals[every][0] += len(trace.output_ids)
                 totals[every][1] += time.perf_counter() - t0
-    budget.RECHOOSE_EVERY = shipped
     for every, (tokens, seconds) in totals.items():
         label = f"every {every} steps" if every != NEVER else "once per run"
         print(f"choice {label}: {tokens / seconds:.2f} tok/s ({tokens} tokens in {seconds:.1f} s)")

@@ -23,11 +23,12 @@ import time
 from pathlib import Path
 
 from app.health import bytes_under
+from app.request import RunRequest
 from scripts.app_server import serve_app
 
 RUN_DEFAULTS = {"use_pld": False, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "node_budget": 12,
                 "beam_width": 8, "topk": 8, "ngram_weight": 0.5, "level_exponent": 0.7, "logit_decay": 0.9,
-                "show_pruned": False, "lookup_branch": False, "auto_budget": False}
+                "show_pruned": False, "lookup_branch": False, "auto_budget": False}   # RunRequest's fields
 PROMPTS = ("Write a Python function that adds two numbers.", "What is the capital of France?",
            "List three colours.", "Explain recursion in one sentence.")
 
@@ -47,12 +48,9 @@ def one_visitor(client, prompt: str, max_new_tokens: int) -> str:
     """A new session (the client's session is reset) runs one prompt to its end and leaves; returns "" or what went
     wrong."""
     client.reset_session()
-    args = [prompt, RUN_DEFAULTS["use_pld"], RUN_DEFAULTS["temperature"], RUN_DEFAULTS["top_p"],
-            RUN_DEFAULTS["top_k"], max_new_tokens, *(RUN_DEFAULTS[k] for k in (
-                "seed", "node_budget", "beam_width", "topk", "ngram_weight", "level_exponent", "logit_decay",
-                "show_pruned", "lookup_branch", "auto_budget"))]
+    request = RunRequest(prompt, **{**RUN_DEFAULTS, "max_new_tokens": max_new_tokens})
     try:
-        out = client.predict(*args, api_name="/run")
+        out = client.predict(*request.values(), api_name="/run")
     except Exception as exc:  # noqa: BLE001 - a failed visitor is counted, not fatal
         return f"{type(exc).__name__}: {exc}"
     lanes = [v for v in out if isinstance(v, str) and 'class="lane' in v]

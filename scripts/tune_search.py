@@ -33,7 +33,7 @@ from dart_core.setup.calibration import CostCurve
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.datasets import iter_sharegpt
 from dart_core.setup.defaults import CPU_NODE_BUDGET, cache_root
-from dart_core.setup.loading import load
+from dart_core.setup.loading import DraftSettings, load
 from dart_core.setup.ngram_tables import ensure_default_ngram
 from dart_core.trace import Trace
 from dart_core.tree_search import SearchConfig, search
@@ -59,12 +59,12 @@ def record(out: Path, n: int, max_new_tokens: int) -> None:
     loaded = load("default")
     target = loaded.target
     # a fixed budget, so that every step drafts (the rows do not depend on the budget; the replay sizes the trees)
-    search_config = SearchConfig(node_budget=CPU_NODE_BUDGET)
-    proposer = loaded.proposer("dart_pld", search_config)
+    settings = DraftSettings(SearchConfig(node_budget=CPU_NODE_BUDGET))
+    proposer = loaded.proposer("dart_pld", settings)
     config = GenerationConfig(max_new_tokens=max_new_tokens, stop_ids=loaded.stop_ids)
     for i, text in enumerate(dev_prompts(n)):
         ids = encode_prompt(target.tokenizer, text)
-        trace = loaded.new_trace("dart_pld", ids, text, config.sampling, search_config, max_new_tokens)
+        trace = loaded.new_trace("dart_pld", ids, text, config.sampling, max_new_tokens, settings)
         trace.steps = run(target, proposer, ids, config).steps
         trace.save(out / f"dev-{i:03d}.json.gz", top_candidates=0)   # the rows are what a replay needs
         print(f"{i + 1}/{n}: {len(trace.output_ids)} tokens, {len(trace.steps) - 1} steps", flush=True)

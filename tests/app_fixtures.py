@@ -68,7 +68,7 @@ def hand_ngram() -> NGramModel:
 
 @functools.lru_cache(maxsize=1)
 def _tiny():
-    from tests.tiny import OracleDrafter, tiny_target
+    from dart_core.setup.tiny_models import OracleDrafter, tiny_target
     target = tiny_target()
     return target, OracleDrafter(target, n_rows=3)
 
@@ -117,7 +117,7 @@ class CharTokenizer:
 def tiny_engine(ngram: bool = True):
     """An app Engine around the tiny target (random DART head, the tiny n-gram table), able to generate."""
     from app.engine import Engine
-    from tests.tiny import random_head, tiny_target
+    from dart_core.setup.tiny_models import random_head, tiny_target
     target = tiny_target()
     target.tokenizer = CharTokenizer(target.vocab_size)
     return Engine(Loaded(target, random_head(target), tiny_ngram() if ngram else None, "tiny", "random",

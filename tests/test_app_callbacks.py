@@ -6,15 +6,18 @@ import json
 import os
 import threading
 
+import gradio as gr
 import pytest
 
 from app.callbacks import Callbacks
 from app.engine import Engine
 from app.lanes import DONE, REPLAY, STOPPED, Lane, replay_lane, round_robin
 from app.options import MAX_PROMPT_CHARS
+from app.request import RUN_FIELDS, RunRequest
 from app.session import Session
 from app.whatif import REPLAYED, VERIFIED, what_if
 from dart_core.acceptance import SamplingConfig
+from dart_core.setup.loading import DraftSettings
 from dart_core.trace import Trace
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
@@ -25,10 +28,8 @@ DEFAULTS = dict(use_pld=False, temperature=0.0, top_p=1.0, top_k=0, max_new_toke
                 beam_width=4, topk=6, ngram_weight=0.5, level_exponent=0.7, logit_decay=0.9)
 
 
-def run_args(prompt="abc", **over):
-    d = dict(DEFAULTS, **over)
-    return (prompt, d["use_pld"], d["temperature"], d["top_p"], d["top_k"], d["max_new_tokens"], d["seed"],
-            d["node_budget"], d["beam_width"], d["topk"], d["ngram_weight"], d["level_exponent"], d["logit_decay"])
+def run_request(prompt="abc", **over) -> RunRequest:
+    return RunRequest(prompt, **dict(DEFAULTS, **over))
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +42,8 @@ def cb(engine, tmp_path):
     return Callbacks(engine, tmp_path)
 
 
-def run_all(cb, session, *args):
-    return list(cb.run(session, *args))
+def run_all(cb, session, request: RunRequest):
+    return list(cb.run(session, request))
 
 
 def stepped_lane(update: dict) -> str:
@@ -55,7 +56,7 @@ def stepped_lane(update: dict) -> str:
 # ---------------------------------------------------------------------------------------------- generation
 def test_run_streams_lanes_round_robin_and_finishes(cb):
     session = Session()
-    updates = run_all(cb, session, *run_args("hello", use_pld=True))
+    updates = run_all(cb, session, run_request("hello", use_pld=True))
     lanes = session.lanes
     assert list(lanes) == ["vanilla", "dart", "pld"]
     assert all(lane.status == DONE for lane in lanes.values())
@@ -79,7 +80,7 @@ def test_run_streams_lanes_round_robin_and_finishes(cb):
 
 def test_stop_ends_within_one_step(cb):
     session = Session()
-    gen = cb.run(session, *run_args("stop me", max_new_tokens=40))
+    gen = cb.run(session, run_request("stop me", max_new_tokens=40))
     for _ in range(4):       # the initial view, then three lane steps
         next(gen)
     made = {k: len(lane.trace.steps) for k, lane in session.lanes.items()}
@@ -92,12 +93,12 @@ def test_stop_ends_within_one_step(cb):
 
 
 def test_round_robin_stop_flag_and_lane_errors(engine):
-    sampling, search = SamplingConfig(), SearchConfig(node_budget=8)
+    sampling, settings = SamplingConfig(), DraftSettings(SearchConfig(node_budget=8))
     prompt = [1, 5, 6, 7]
 
     def lane(method):
-        trace = engine.new_trace(method, prompt, "", sampling, search, 30)
-        return Lane(method, trace, engine.steps(method, prompt, sampling, search, 30))
+        trace = engine.new_trace(method, prompt, "", sampling, 30, settings)
+        return Lane(method, trace, engine.steps(method, prompt, sampling, 30, settings))
 
     stop = threading.Event()
     lanes = [lane("vanilla"), lane("dart")]
@@ -121,8 +122,8 @@ def test_round_robin_stop_flag_and_lane_errors(engine):
 
 def test_two_sessions_never_share_text_or_traces(cb):
     a, b = Session(), Session()
-    gen_a = cb.run(a, *run_args("first prompt"))
-    gen_b = cb.run(b, *run_args("zz other", max_new_tokens=6))
+    gen_a = cb.run(a, run_request("first prompt"))
+    gen_b = cb.run(b, run_request("zz other", max_new_tokens=6))
     outs_a, outs_b = [], []
     for out_a, out_b in zip(gen_a, gen_b):   # interleaved, as two browsers would be
         outs_a.append(out_a)
@@ -134,7 +135,7 @@ def test_two_sessions_never_share_text_or_traces(cb):
     assert len(a.lanes["vanilla"].trace.output_ids) == 12 and len(b.lanes["vanilla"].trace.output_ids) == 6
     # Same answers as a session running alone.
     solo = Session()
-    run_all(cb, solo, *run_args("first prompt"))
+    run_all(cb, solo, run_request("first prompt"))
     assert solo.lanes["dart"].trace.output_ids == a.lanes["dart"].trace.output_ids
     assert all(u.get("state", a) is a for u in outs_a) and all(u.get("state", b) is b for u in outs_b)
     assert set(outs_a[-1]["downloads"]).isdisjoint(outs_b[-1]["downloads"])
@@ -154,7 +155,7 @@ def test_two_sessions_never_share_text_or_traces(cb):
 def test_bad_input_gives_a_message_not_a_run(cb, prompt, over, expect):
     session = Session()
     with pytest.warns(UserWarning, match=expect):
-        updates = run_all(cb, session, *run_args(prompt, **over))
+        updates = run_all(cb, session, run_request(prompt, **over))
     assert len(updates) == 1 and expect in updates[0]["message"]
     assert 'class="msg-box msg-error"' in updates[0]["message"]
     assert session.lanes == {}
@@ -163,21 +164,21 @@ def test_bad_input_gives_a_message_not_a_run(cb, prompt, over, expect):
 def test_prompt_too_many_tokens(engine, tmp_path, monkeypatch):
     monkeypatch.setattr("app.engine.MAX_PROMPT_TOKENS", 5)
     with pytest.warns(UserWarning, match="too long: 9 tokens, at most 5"):
-        updates = run_all(Callbacks(engine, tmp_path), Session(), *run_args("12345678"))
+        updates = run_all(Callbacks(engine, tmp_path), Session(), run_request("12345678"))
     assert "too long" in updates[0]["message"]
 
 
 def test_replay_mode_cannot_generate(tmp_path):
     cb = Callbacks(Engine.replay_only(None), tmp_path)
     with pytest.warns(UserWarning, match="Replay mode"):
-        updates = run_all(cb, None, *run_args("hello"))
+        updates = run_all(cb, None, run_request("hello"))
     assert "Replay mode" in updates[0]["message"]
 
 
 # ---------------------------------------------------------------------------------------------- step selection
 def test_step_selection_click_and_bounds(cb):
     session = Session()
-    run_all(cb, session, *run_args("steps"))
+    run_all(cb, session, run_request("steps"))
     n = len(session.lanes["dart"].trace.steps)
     view = cb.token_click(session, {"lane": "dart", "step": 2})
     assert view["step"]["value"] == 2 and view["lane"]["value"] == "dart" and session.follow is False
@@ -195,7 +196,7 @@ def test_step_selection_click_and_bounds(cb):
 
 def test_follow_newest_step_while_generating(cb):
     session = Session()
-    gen = cb.run(session, *run_args("follow", max_new_tokens=20))
+    gen = cb.run(session, run_request("follow", max_new_tokens=20))
     next(gen)
     dart_updates = [u for u in (next(gen) for _ in range(6)) if "tree" in u]
     assert [u["step"]["value"] for u in dart_updates] == [0, 1, 2]
@@ -322,9 +323,22 @@ def test_the_animation_buttons_send_the_figure_with_its_frames(tmp_path):
         assert json.loads(value)["frames"]   # gr.Plot would drop them: the page draws this JSON itself
 
 
+def test_the_run_api_takes_the_request_fields_in_their_order(engine, tmp_path):
+    """The page's Run inputs (and so the /run API that scripts/soak.py calls) follow RunRequest's fields, and the
+    page's values reach the run as the named fields."""
+    from app.ui import build_app
+    run = next(f for f in build_app(engine, trace_dir=tmp_path).fns.values() if f.api_name == "run")
+    assert [c.elem_id for c in run.inputs[1:]] == [name.replace("_", "-") for name in RUN_FIELDS]
+    request = run_request("named", max_new_tokens=3, use_pld=True)
+    updates = list(run.fn(Session(), *request.values()))
+    session = next(v for k, v in updates[0].items() if isinstance(k, gr.State))
+    assert list(session.lanes) == ["vanilla", "dart", "pld"]            # use_pld reached the run
+    assert all(lane.trace.settings.max_new_tokens == 3 for lane in session.lanes.values())
+
+
 def test_what_if_verified_by_the_model_matches_the_greedy_replay(cb):
     session = Session()
-    run_all(cb, session, *run_args("what if", max_new_tokens=16))
+    run_all(cb, session, run_request("what if", max_new_tokens=16))
     trace = session.lanes["dart"].trace
     engine = cb.engine
     for index in range(1, len(trace.steps)):
@@ -344,7 +358,7 @@ def test_what_if_verified_by_the_model_matches_the_greedy_replay(cb):
 
 def test_clear_resets_the_session(cb):
     session = Session()
-    run_all(cb, session, *run_args("clear me", max_new_tokens=4))
+    run_all(cb, session, run_request("clear me", max_new_tokens=4))
     out = cb.clear(session)
     assert session.lanes == {} and out["prompt"] == "" and out["downloads"] is None
     assert "Run a prompt to fill this lane" in out["lane_dart"]
@@ -352,15 +366,15 @@ def test_clear_resets_the_session(cb):
 
 def test_only_the_latest_traces_stay_on_disk(cb):
     session = Session()
-    first = run_all(cb, session, *run_args("one", max_new_tokens=3))[-1]["downloads"]
-    second = run_all(cb, session, *run_args("two", max_new_tokens=3))[-1]["downloads"]
+    first = run_all(cb, session, run_request("one", max_new_tokens=3))[-1]["downloads"]
+    second = run_all(cb, session, run_request("two", max_new_tokens=3))[-1]["downloads"]
     assert all(not os.path.exists(p) for p in first)
     assert all(Trace.load(p).prompt_text == "two" for p in second)
 
 
 def test_stop_when_nothing_runs_says_nothing(cb):
     session = Session()
-    run_all(cb, session, *run_args("done", max_new_tokens=3))
+    run_all(cb, session, run_request("done", max_new_tokens=3))
     out = cb.stop(session)
     assert out["message"] == "" and all(lane.status == DONE for lane in session.lanes.values())
 
@@ -389,7 +403,7 @@ def test_app_wiring_queue_cancels_and_no_tracebacks(tmp_path):
 def test_lookup_branch_option_grafts_prompt_lookup_onto_darts_trees(cb):
     session = Session()
     # a repetitive prompt, so the lookup finds earlier n-grams to copy
-    run_all(cb, session, *run_args("ab ab ab ab ab ab", max_new_tokens=16), False, True)
+    run_all(cb, session, run_request("ab ab ab ab ab ab", max_new_tokens=16, lookup_branch=True))
     dart, plain = session.lanes["dart"].trace, session.lanes["vanilla"].trace
     assert dart.output_ids == plain.output_ids                         # still lossless
     assert dart.method == "dart_pld" and dart.settings.lookup_tokens == 5
@@ -408,7 +422,7 @@ def test_an_automatic_budget_runs_and_draws_the_cost_on_this_machine(engine, tmp
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))     # the tiny model's curve: measured here
     cb = Callbacks(engine, tmp_path / "out")
     session = Session()
-    run_all(cb, session, *run_args("hello there", max_new_tokens=40), False, False, True)
+    run_all(cb, session, run_request("hello there", max_new_tokens=40, auto_budget=True))
     dart, plain = session.lanes["dart"].trace, session.lanes["vanilla"].trace
     assert dart.output_ids == plain.output_ids                                     # still lossless
     assert dart.settings.auto_budget and dart.settings.machine["cost_curve"]["rows"][0] == 1

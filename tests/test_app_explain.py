@@ -28,7 +28,7 @@ from dart_core.views.figures import BONUS, NAMES, PRUNED, PRUNED_MORE, ROW_PX
 from dart_core.views.pruned_groups import ROOT, pruned_groups
 from tests.app_fixtures import tiny_traces
 from tests.test_forensics import CFG, NoisyDrafter
-from tests.tiny import tiny_target
+from dart_core.setup.tiny_models import tiny_target
 
 
 def hand_candidates(rows) -> Candidates:

@@ -18,11 +18,12 @@ from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer
 from dart_core.methods import DART_PLD
 from dart_core.setup.calibration import CostCurve, measure_cost_curve, monotone_fit
 from dart_core.setup.defaults import LOOKUP_LONGEST, LOOKUP_TOKENS
-from dart_core.setup.loading import build_proposer
+from dart_core.setup import loading
+from dart_core.setup.loading import DraftSettings, Loaded
 from dart_core.trace import RunSettings
 from dart_core.views.figures import cost_figure
 from dart_core.tree_search import SearchConfig, search
-from tests.tiny import OracleDrafter, plain_greedy_reference, random_head, tiny_target
+from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, random_head, tiny_target
 
 FLAT = CostCurve((1, 64), (0.01, 0.01))            # nodes cost nothing: the largest tree is best
 STEEP = CostCurve((1, 2, 64), (0.01, 0.03, 1.0))   # every node costs two steps: plain chains win
@@ -176,13 +177,14 @@ def test_where_drafting_does_not_pay_dart_decodes_plainly_and_keeps_probing():
     assert choice["start_tokens_per_s"] < choice["plain_tokens_per_s"] == choice["expected_tokens_per_s"]
 
 
-def test_dart_pld_chooses_its_branch_length_as_it_goes_and_stays_lossless():
+def test_dart_pld_chooses_its_branch_length_as_it_goes_and_stays_lossless(monkeypatch):
     target = tiny_target("llama", seed=7)
     prompt = [1, 5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]
     cheap = CostCurve((1, 4, 64), (1.0, 1.1, 50.0))
-    auto = AutoBudget(cheap, start=6, max_budget=20)
-    dart = build_proposer(DART_PLD, target, random_head(target, n_mask=2, seed=2),
-                          search_config=SearchConfig(topk=5, beam_width=3, node_budget=6), auto_budget=auto)
+    monkeypatch.setattr(loading, "cost_curve", lambda *a, **k: cheap)   # this machine's curve is not measured
+    loaded = Loaded(target, random_head(target, n_mask=2, seed=2), draft_int8="off")
+    dart = loaded.proposer(DART_PLD, DraftSettings(SearchConfig(topk=5, beam_width=3, node_budget=6), auto_budget=True))
+    auto = dart.auto_budget
     assert dart.lookup.num_tokens == LOOKUP_LONGEST and auto.chooses_lookup
     assert list(auto.lengths) == list(range(LOOKUP_LONGEST + 1)) and auto.lookup_tokens == LOOKUP_TOKENS
     trace = run(target, dart, prompt, GenerationConfig(max_new_tokens=40),

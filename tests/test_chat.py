@@ -5,7 +5,7 @@ from transformers import PreTrainedTokenizerFast
 
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.loading import stop_ids
-from tests.tiny import tiny_target
+from dart_core.setup.tiny_models import tiny_target
 
 WORDS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "user", "assistant", "hi", "there"]
 

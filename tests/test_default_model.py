@@ -6,7 +6,7 @@ from dart_core.setup.chat import encode_prompt
 from dart_core.setup.defaults import DEFAULT_HEAD
 from dart_core.tools.cli import main as cli_main
 from dart_core.decoding import GenerationConfig, run
-from dart_core.setup.loading import load_target, make_proposer, stop_ids
+from dart_core.setup.loading import load, load_target, stop_ids
 from dart_core.metrics import Metrics
 from dart_core.setup.models import ModelLoadError, resolve_model_path
 
@@ -32,9 +32,8 @@ def test_default_model_loads_offline(target):
 
 def test_shipped_head_is_lossless_and_trained(target):
     assert (DEFAULT_HEAD / "config.json").is_file(), "the trained head must be shipped in assets/"
-    dart = make_proposer("dart", target, "default", "default")
-    dart_pld = make_proposer("dart_pld", target, "default", "default")
-    vanilla = make_proposer("vanilla", target)
+    loaded = load(target=target, draft_int8="off")
+    dart, dart_pld, vanilla = (loaded.proposer(m) for m in ("dart", "dart_pld", "vanilla"))
     metrics = Metrics()
     cfg = GenerationConfig(max_new_tokens=48, stop_ids=stop_ids(target))
     for text in PROMPTS:

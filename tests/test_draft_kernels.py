@@ -18,7 +18,7 @@ from dart_core.setup.calibration import draft_int8_choice
 from dart_core.target import TargetModel
 from dart_core.tree_search import SearchConfig
 from tests.sampling_stats import chi2_pvalue, exact_joint, sample_through_the_loop
-from tests.tiny import plain_greedy_reference, random_head, tiny_target
+from dart_core.setup.tiny_models import plain_greedy_reference, random_head, tiny_target
 
 needs_int8 = pytest.mark.skipif(int8_supported(tiny_target("llama").hardware,
                                                random_head(tiny_target("llama"))) is not None,

@@ -14,11 +14,12 @@ from dart_core.proposers import DartProposer, VanillaProposer
 from dart_core.setup import dtype_choice
 from dart_core.setup.calibration import machine_record
 from dart_core.setup.dtype_choice import BF16_MARGIN, choose_cpu_dtype, decide
-from dart_core.setup.loading import dtype_name, load_target
+from dart_core.setup.loading import load_target
+from dart_core.setup.models import dtype_name
 from dart_core.tools.bench import parse_dtypes
 from dart_core.tree_search import SearchConfig
 from tests.test_chat import PLAIN_TEMPLATE, qwen_style_tokenizer
-from tests.tiny import OracleDrafter, tiny_target
+from dart_core.setup.tiny_models import OracleDrafter, tiny_target
 
 
 def times(fp32, bf16) -> dict:
@@ -70,13 +71,13 @@ def test_fast_loads_the_measured_dtype_and_auto_the_lossless_one(measured, tmp_p
     fast = times((1.0, 2.0), (0.5, 1.0)) if measured == "bf16" else times((1.0, 2.0), (0.5, 5.0))
     monkeypatch.setattr(dtype_choice, "measure_dtypes", lambda linears, hardware: fast)
     target = load_target(str(folder), "cpu", "fast")
-    assert dtype_name(target) == measured and target.dtype_choice["dtype"] == measured
+    assert dtype_name(target.dtype) == measured and target.dtype_choice["dtype"] == measured
     assert all(p.dtype == target.dtype for p in target.model.parameters())
     assert machine_record(target, str(folder))["dtype_choice"]["reason"].startswith(measured)
     prompt = [1, 5, 9, 13, 17, 5, 9]
     assert load_target(str(folder), "cpu", "fp32").dtype_choice is None     # an explicit dtype is not second-guessed
     lossless = load_target(str(folder), "cpu", "auto")                      # whatever was measured: fp32
-    assert dtype_name(lossless) == "fp32" and "token-identical" in lossless.dtype_choice["reason"]
+    assert dtype_name(lossless.dtype) == "fp32" and "token-identical" in lossless.dtype_choice["reason"]
     plain = run(lossless, VanillaProposer(), prompt, GenerationConfig(max_new_tokens=16)).output_ids
     dart = run(lossless, DartProposer(OracleDrafter(lossless, n_rows=3), SearchConfig(node_budget=6)), prompt,
                GenerationConfig(max_new_tokens=16)).output_ids
@@ -93,7 +94,7 @@ def test_fast_and_bf16_load_measure_and_decode_with_the_gated_kernels(dtype, cap
     tiny_target("llama").model.save_pretrained(folder)
     qwen_style_tokenizer(PLAIN_TEMPLATE).save_pretrained(folder)
     target = load_target(str(folder), "cpu", dtype, hardware=capable)
-    assert target.hardware == capable and dtype_name(target) in ("fp32", "bf16")
+    assert target.hardware == capable and dtype_name(target.dtype) in ("fp32", "bf16")
     if dtype == "fast":
         assert set(target.dtype_choice["seconds"]) == {"float32", "bfloat16"}
     else:

@@ -18,7 +18,7 @@ from dart_core.trace import RunSettings, Trace, TraceError
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
 from tests.sampling_stats import chi2_pvalue, exact_joint, sample_through_the_loop
-from tests.tiny import OracleDrafter, TargetDrafter, plain_greedy_reference, random_head, tiny_target
+from dart_core.setup.tiny_models import OracleDrafter, TargetDrafter, plain_greedy_reference, random_head, tiny_target
 
 CORRECT_SAMPLING_RULE = acceptance._accept_sampling
 

@@ -9,7 +9,7 @@ from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
 from dart_core.tree_search import SearchConfig
-from tests.tiny import OracleDrafter, plain_greedy_reference, random_head, tiny_target
+from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, random_head, tiny_target
 
 KNOBS = {
     "budget1": SearchConfig(node_budget=1),

@@ -20,7 +20,7 @@ from dart_core.proposers import DartProposer, PromptLookupProposer
 from dart_core.trace import RunSettings
 from dart_core.tree_search import SearchConfig, search
 from dart_core.views.figures import forensics_of, misses_figure
-from tests.tiny import TargetDrafter, tiny_target
+from dart_core.setup.tiny_models import TargetDrafter, tiny_target
 
 CFG = SearchConfig(topk=8, beam_width=4, node_budget=4)
 

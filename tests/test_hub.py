@@ -12,7 +12,7 @@ from dart_core.setup.models import ModelLoadError, resolve_model_path
 from dart_core.tools.args import resolve_model_names
 from dart_core.tools.cli import build_parser
 from tests.authors_format import write_authors_head
-from tests.tiny import tiny_target
+from dart_core.setup.tiny_models import tiny_target
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 

@@ -18,7 +18,7 @@ from dart_core.setup.calibration import CostCurve, measure_cost_curve
 from dart_core.kernels import onednn_applies
 from dart_core.target import TargetModel
 from dart_core.tree_search import SearchConfig
-from tests.tiny import OracleDrafter, plain_greedy_reference, random_head, tiny_target
+from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, random_head, tiny_target
 
 PROMPTS = [[1, 5, 9, 13, 17], [1, 40, 41, 42, 40, 41, 42, 40], [1, 3]]
 

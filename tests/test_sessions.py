@@ -12,7 +12,7 @@ from app.callbacks import Callbacks
 from app.session import DEFAULT_MAX_SESSIONS, DEFAULT_TTL_S, MAX_ENV, TTL_ENV, SessionStore
 from dart_core.errors import ConfigError
 from tests.app_fixtures import tiny_engine
-from tests.test_app_callbacks import run_args
+from tests.test_app_callbacks import run_request
 
 
 class Clock:
@@ -104,7 +104,7 @@ def test_a_page_whose_run_was_freed_is_told_why_and_can_run_again(tmp_path):
     store = SessionStore(ttl_s=600, max_sessions=4, clock=clock)
     cb = Callbacks(tiny_engine(), tmp_path, store)
     session = store.open()
-    list(cb.run(session, *run_args("hello", max_new_tokens=6)))
+    list(cb.run(session, run_request("hello", max_new_tokens=6)))
     folder = session.trace_folder
     assert session.lanes and folder and (tmp_path / folder).exists()
     clock.now += 601
@@ -113,7 +113,7 @@ def test_a_page_whose_run_was_freed_is_told_why_and_can_run_again(tmp_path):
     view = cb.pick_step(session, "dart", 1)
     assert "idle for over 10 minutes" in view["message"] and store.stats()["sessions"] == 1
     assert "freed" not in cb.pick_step(session, "dart", 1).get("message", "")
-    list(cb.run(session, *run_args("hello", max_new_tokens=6)))
+    list(cb.run(session, run_request("hello", max_new_tokens=6)))
     assert session.lanes["dart"].trace.output_ids == session.lanes["vanilla"].trace.output_ids
 
 
@@ -122,7 +122,7 @@ def test_a_run_longer_than_the_ttl_keeps_its_session_and_starts_its_idle_time_at
     store = SessionStore(ttl_s=60, max_sessions=4, clock=clock)
     cb = Callbacks(tiny_engine(), tmp_path, store)
     session = store.open()
-    updates = cb.run(session, *run_args("hello", max_new_tokens=6))
+    updates = cb.run(session, run_request("hello", max_new_tokens=6))
     next(updates)
     clock.now += 600                                 # a run of ten minutes: never freed while it runs
     store.sweep()

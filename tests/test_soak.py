@@ -10,7 +10,7 @@ import time
 from scripts.app_server import serve_app
 from scripts.soak import soak
 from tests.test_chat import PLAIN_TEMPLATE, qwen_style_tokenizer
-from tests.tiny import tiny_target
+from dart_core.setup.tiny_models import tiny_target
 
 TTL_S, MAX_HELD, VISITORS = 3, 4, 16
 

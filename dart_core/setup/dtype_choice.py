@@ -20,10 +20,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..hardware import Hardware, detect
+from ..hardware import Hardware
 from ..kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
 from .calibration import cached, model_key
-from .models import load_model_and_tokenizer
 
 AUTO, FAST = "auto", "fast"
 LOSSLESS = "fp32"        # the one dtype in which a k-token verify rounds as k one-token forwards do
@@ -69,11 +68,3 @@ def choose_gpu_dtype(device: str) -> DtypeChoice:
     if torch.cuda.is_bf16_supported():
         return DtypeChoice("bf16", f"bf16: native on {torch.cuda.get_device_name(index)}")
     return DtypeChoice("fp16", f"fp16: {torch.cuda.get_device_name(index)} has no bf16")
-
-
-def fast_dtype(model: str, device: str) -> DtypeChoice:
-    """`fast` for a model not loaded yet (the bench, deciding its dtype list): loads it in fp32 once to measure."""
-    if device.startswith("cuda"):
-        return choose_gpu_dtype(device)
-    hf_model, _ = load_model_and_tokenizer(model, device=device, dtype="fp32")
-    return choose_cpu_dtype(hf_model, detect(device))

@@ -7,13 +7,13 @@ The CLI, the benchmark and the app all build their decoding pieces here, so they
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 
 from ..acceptance import SamplingConfig
-from ..budget import AutoBudget
+from ..budget import RECHOOSE_EVERY, AutoBudget
 from ..draft_head import DraftConfig, DraftHead, DraftHeadError
 from ..context_ngram import ContextNGram
 from ..errors import DartError
@@ -27,10 +27,10 @@ from ..target import TargetModel
 from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
 from .calibration import cost_curve, draft_int8_choice, kernel_plan, machine_record
-from .dtype_choice import AUTO, FAST, choose_cpu_dtype, choose_gpu_dtype, lossless_choice
+from .dtype_choice import AUTO, FAST, DtypeChoice, choose_cpu_dtype, choose_gpu_dtype, lossless_choice
 from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_LONGEST, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
 from .hub import fetch, is_hub_id
-from .models import DEFAULT_MODEL, ModelLoadError, load_model_and_tokenizer, parse_dtype
+from .models import DEFAULT_MODEL, ModelLoadError, dtype_name, load_model_and_tokenizer, parse_dtype
 from .ngram_tables import ensure_default_ngram
 
 
@@ -61,9 +61,13 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
     return target
 
 
-def dtype_name(target: TargetModel) -> str:
-    """The target's dtype as the command line spells it: fp32, bf16 or fp16."""
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[target.dtype]
+def fast_dtype(model: str, device: str, recalibrate: bool = False) -> tuple[DtypeChoice, TargetModel | None]:
+    """`fast` for a model not loaded yet (the bench, deciding its dtype list), and on a CPU the fp32 target it was
+    measured on, so that the caller decodes fp32 with it instead of loading the model again (None on a GPU)."""
+    if device.startswith("cuda"):
+        return choose_gpu_dtype(device), None
+    target = load_target(model, device, "fp32", recalibrate)
+    return choose_cpu_dtype(target.model, target.hardware), target
 
 
 def stop_ids(target: TargetModel) -> frozenset[int]:
@@ -132,34 +136,17 @@ def check_ngram_fits(table, target: TargetModel) -> None:
         raise SetupError(f"the n-gram table has a vocabulary of {table.vocab_size}, the target {target.vocab_size}")
 
 
-def build_proposer(method: str, target: TargetModel, head: DraftHead | None = None, table: NGramModel | None = None,
-                   search_config: SearchConfig | None = None, pld_tokens: int = PLD_TOKENS, pld_ngram: int = PLD_NGRAM,
-                   context_weight: float = 0.0, lookup_tokens: int | None = None,
-                   auto_budget: AutoBudget | None = None, draft_int8: bool = False) -> Proposer:
-    """A proposer from pieces already loaded (the app loads them once and builds a proposer per run).
-    draft_int8: DART drafts with an int8 copy of the head (see draft_int8_choice).
-    context_weight > 0 adds the prompt's and the output's own n-grams to the table (ContextNGram);
-    lookup_tokens is the length of dart_pld's prompt-lookup branch (None: chosen with an automatic budget, else
-    LOOKUP_TOKENS)."""
-    if method == VANILLA:
-        return VanillaProposer()
-    if method == PLD:
-        return PromptLookupProposer(max_ngram=pld_ngram, num_tokens=pld_tokens)
-    if uses_head(method):
-        if head is None:
-            raise SetupError("DART needs a draft head")
-        check_ngram_fits(table, target)
-        if context_weight > 0:
-            table = ContextNGram(table, weight=context_weight)
-        lookup = None
-        if method == DART_PLD:
-            if auto_budget is not None and lookup_tokens is None:   # its length is chosen with the budget
-                auto_budget.choose_lookup(range(LOOKUP_LONGEST + 1), start=LOOKUP_TOKENS)
-            lookup = PromptLookupProposer(max_ngram=pld_ngram,
-                                          num_tokens=looked_up_tokens(method, lookup_tokens, auto_budget is not None))
-        return DartProposer(HeadDrafter(head, target, int8=draft_int8), search_config, table, eos_ids=stop_ids(target),
-                            lookup=lookup, auto_budget=auto_budget)
-    raise SetupError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+@dataclass(frozen=True)
+class DraftSettings:
+    """How the drafting methods draft: DART's tree search and its knobs, and prompt lookup's. A method reads what is
+    its own (vanilla nothing, pld the pld_ fields) and ignores the rest."""
+    search: SearchConfig = field(default_factory=SearchConfig)
+    auto_budget: bool = False           # DART's node budget chosen as the run goes (search.node_budget: where it starts)
+    rechoose_every: int = RECHOOSE_EVERY   # verify steps between two choices of the automatic budget
+    lookup_tokens: int | None = None    # dart_pld's branch length (None: chosen with the automatic budget, else default)
+    context_weight: float = 0.0         # > 0: the prompt's and the output's own n-grams join the table (ContextNGram)
+    pld_tokens: int = PLD_TOKENS        # prompt lookup: tokens copied
+    pld_ngram: int = PLD_NGRAM          # prompt lookup (and dart_pld's branch): the longest n-gram matched
 
 
 def looked_up_tokens(method: str, lookup_tokens: int | None, auto: bool) -> int | None:
@@ -170,30 +157,18 @@ def looked_up_tokens(method: str, lookup_tokens: int | None, auto: bool) -> int 
     return lookup_tokens or (LOOKUP_LONGEST if auto else LOOKUP_TOKENS)
 
 
-def make_proposer(method: str, target: TargetModel, draft: str | None = "default", ngram: str | None = "default",
-                  search_config: SearchConfig | None = None, pld_tokens: int = PLD_TOKENS, pld_ngram: int = PLD_NGRAM,
-                  context_weight: float = 0.0, lookup_tokens: int | None = None,
-                  auto_budget: AutoBudget | None = None, draft_int8: str = "off") -> Proposer:
-    """Load what `method` needs (draft head, n-gram table) by name and build its proposer (draft_int8: 'auto',
-    'on' or 'off', see draft_int8_choice)."""
-    head = load_draft(draft, target) if uses_head(method) else None
-    table = load_ngram(ngram, target.vocab_size) if uses_head(method) else None
-    int8 = head is not None and draft_int8_choice(head, target, draft_int8)["int8"]
-    return build_proposer(method, target, head, table, search_config, pld_tokens, pld_ngram, context_weight,
-                          lookup_tokens, auto_budget, int8)
-
-
-def auto_budget(target: TargetModel, model_name: str, search: SearchConfig, recalibrate: bool = False) -> AutoBudget:
+def auto_budget(target: TargetModel, model_name: str, settings: DraftSettings, recalibrate: bool = False) -> AutoBudget:
     """A node budget chosen as the run goes, on this machine's measured verify cost curve (measured once, cached;
     measured again if the run's own verify times disagree with it), starting from search.node_budget."""
-    return AutoBudget(cost_curve(target, model_name, recalibrate), start=search.node_budget,
-                      remeasure=lambda: cost_curve(target, model_name, recalibrate=True))
+    return AutoBudget(cost_curve(target, model_name, recalibrate), start=settings.search.node_budget,
+                      remeasure=lambda: cost_curve(target, model_name, recalibrate=True),
+                      rechoose_every=settings.rechoose_every)
 
 
 @dataclass
 class Loaded:
     """A target with the draft head and n-gram table DART needs (None where not loaded), the names they were loaded
-    by, and the target's stop ids."""
+    by, and the target's stop ids. The one place proposers and traces are made, for the CLI, the bench and the app."""
     target: TargetModel
     head: DraftHead | None = None
     table: NGramModel | None = None
@@ -203,6 +178,7 @@ class Loaded:
     device: str = "cpu"
     dtype: str = "fp32"
     draft_int8: str = "auto"          # 'auto', 'on' or 'off': whether DART drafts with an int8 copy of the head
+    fell_back: bool = False           # no trained head was shipped: a random one stands in (load's random_fallback)
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -213,43 +189,70 @@ class Loaded:
         """Whether the head drafts in int8 here, and why (None without a head)."""
         return draft_int8_choice(self.head, self.target, self.draft_int8) if self.head is not None else None
 
-    def proposer(self, method: str, search: SearchConfig | None = None, lookup_tokens: int | None = None,
-                 context_weight: float = 0.0, auto: bool = False, recalibrate: bool = False) -> Proposer:
-        """auto: DART's node budget chosen as the run goes (search.node_budget is where it starts)."""
-        budget = auto_budget(self.target, self.model, search or SearchConfig(), recalibrate) \
-            if auto and uses_head(method) else None
-        return build_proposer(method, self.target, self.head, self.table, search, context_weight=context_weight,
-                              lookup_tokens=lookup_tokens, auto_budget=budget,
-                              draft_int8=bool(uses_head(method) and self.draft_choice["int8"]))
+    def proposer(self, method: str, settings: DraftSettings | None = None, recalibrate: bool = False, *,
+                 auto: bool = False) -> Proposer:
+        """The proposer of `method` with these settings; recalibrate measures the cost curve of the automatic
+        budget again. auto: the same as settings.auto_budget (scripts/gpu_check.py still passes it)."""
+        settings = settings or DraftSettings()
+        if method == VANILLA:
+            return VanillaProposer()
+        if method == PLD:
+            return PromptLookupProposer(max_ngram=settings.pld_ngram, num_tokens=settings.pld_tokens)
+        if not uses_head(method):
+            raise SetupError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+        if self.head is None:
+            raise SetupError("DART needs a draft head")
+        check_ngram_fits(self.table, self.target)
+        auto = auto or settings.auto_budget
+        budget = auto_budget(self.target, self.model, settings, recalibrate) if auto else None
+        table = ContextNGram(self.table, weight=settings.context_weight) if settings.context_weight > 0 \
+            else self.table
+        lookup = None
+        if method == DART_PLD:
+            if budget is not None and settings.lookup_tokens is None:   # its length is chosen with the budget
+                budget.choose_lookup(range(LOOKUP_LONGEST + 1), start=LOOKUP_TOKENS)
+            lookup = PromptLookupProposer(max_ngram=settings.pld_ngram,
+                                          num_tokens=looked_up_tokens(method, settings.lookup_tokens, auto))
+        drafter = HeadDrafter(self.head, self.target, int8=self.draft_choice["int8"])
+        return DartProposer(drafter, settings.search, table, eos_ids=self.stop_ids, lookup=lookup, auto_budget=budget)
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt_text: str, sampling: SamplingConfig,
-                  search: SearchConfig | None, max_new_tokens: int, lookup_tokens: int | None = None,
-                  context_weight: float = 0.0, auto: bool = False) -> Trace:
+                  max_new_tokens: int, settings: DraftSettings | None = None) -> Trace:
         """An empty trace of a run of `method` with these settings: what every trace records of how it was made."""
-        head = uses_head(method)
-        settings = RunSettings(
+        settings = settings or DraftSettings()
+        head, auto = uses_head(method), settings.auto_budget and uses_head(method)
+        run = RunSettings(
             model=self.model, draft=self.draft if head else None, ngram=self.ngram if head else None,
-            device=self.device, dtype=self.dtype, sampling=sampling, search=search if head else None,
+            device=self.device, dtype=self.dtype, sampling=sampling, search=settings.search if head else None,
             max_new_tokens=max_new_tokens, stop_ids=sorted(self.stop_ids),
-            lookup_tokens=looked_up_tokens(method, lookup_tokens, auto and head),
-            ngram_context_weight=context_weight if head else 0.0, auto_budget=auto and head,
-            machine={**machine_record(self.target, self.model, with_curve=auto and head),
+            lookup_tokens=looked_up_tokens(method, settings.lookup_tokens, auto),
+            ngram_context_weight=settings.context_weight if head else 0.0, auto_budget=auto,
+            machine={**machine_record(self.target, self.model, with_curve=auto),
                      **({"draft_kernels": self.draft_choice} if head else {})})
-        trace = Trace(method=method, prompt_ids=list(prompt_ids), prompt_text=prompt_text, settings=settings)
+        trace = Trace(method=method, prompt_ids=list(prompt_ids), prompt_text=prompt_text, settings=run)
         trace.name_tokens(self.target.tokenizer, prompt_ids)
         return trace
 
 
 def load(model: str = DEFAULT_MODEL, draft: str | None = "default", ngram: str | None = "default",
          device: str = "cpu", dtype: str = AUTO, with_head: bool = True, recalibrate: bool = False,
-         draft_int8: str = "auto") -> Loaded:
-    """Load the target and, with_head, the draft head and the n-gram table, all by name."""
-    target = load_target(model, device, dtype, recalibrate)
-    dtype = dtype_name(target)
+         draft_int8: str = "auto", random_fallback: bool = False, target: TargetModel | None = None) -> Loaded:
+    """Load the target and, with_head, the draft head and the n-gram table, all by name. random_fallback: when the
+    default head is not shipped, a random (untrained) head stands in (`fell_back`) rather than an error (the app
+    shows its pages anyway). target: one already loaded in `dtype` (only the head and the table are loaded)."""
+    target = target or load_target(model, device, dtype, recalibrate)
+    dtype = dtype_name(target.dtype)
     if not with_head:
         return Loaded(target, model=model, device=device, dtype=dtype)
-    head, table = load_draft(draft, target), load_ngram(ngram, target.vocab_size)
+    fell_back = False
+    try:
+        head = load_draft(draft, target)
+    except DraftHeadError:
+        if not random_fallback or draft not in (None, "", "default"):
+            raise
+        draft, head, fell_back = "random", load_draft("random", target), True
+    table = load_ngram(ngram, target.vocab_size)
     check_ngram_fits(table, target)
     if recalibrate and head is not None:   # measured again now; Loaded.draft_choice reads it back
         draft_int8_choice(head, target, draft_int8, recalibrate=True)
-    return Loaded(target, head, table, model, draft, ngram, device, dtype, draft_int8)
+    return Loaded(target, head, table, model, draft, ngram, device, dtype, draft_int8, fell_back)

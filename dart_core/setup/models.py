@@ -104,9 +104,17 @@ def load_model_and_tokenizer(name: str = DEFAULT_MODEL, device: str = "cpu", dty
     return model, tok
 
 
+# every spelling of a dtype that is taken; the first of each dtype is the one written (dtype_name)
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
 def parse_dtype(name: str):
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if name not in table:
+    if name not in DTYPES:
         raise ConfigError(f"unknown dtype {name!r}; use one of fp32, bf16, fp16")
-    return table[name]
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A torch dtype as the command line spells it: fp32, bf16 or fp16."""
+    return next(name for name, d in DTYPES.items() if d == dtype)

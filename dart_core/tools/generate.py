@@ -11,7 +11,7 @@ from ..metrics import Metrics
 from ..methods import uses_head
 from ..setup.chat import encode_prompt
 from ..setup.files import check_writable
-from ..setup.loading import load
+from ..setup.loading import DraftSettings, load
 from .args import (THINKING_HELP, CliError, add_method_arg, add_model_args, add_search_args, auto_budget_from,
                    search_config_from)
 
@@ -53,11 +53,11 @@ def cmd_generate(args) -> int:
                   recalibrate=args.recalibrate, draft_int8=args.draft_int8)
     target = loaded.target
     gen_cfg.stop_ids = loaded.stop_ids
-    proposer = loaded.proposer(args.method, search_cfg, args.lookup_tokens, args.ngram_context_weight, auto,
-                               args.recalibrate)
+    settings = DraftSettings(search_cfg, auto, lookup_tokens=args.lookup_tokens,
+                             context_weight=args.ngram_context_weight)
+    proposer = loaded.proposer(args.method, settings, args.recalibrate)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, raw=args.raw, thinking=args.thinking)
-    trace = loaded.new_trace(args.method, prompt_ids, args.prompt, sampling, search_cfg, args.max_new_tokens,
-                             args.lookup_tokens, args.ngram_context_weight, auto)
+    trace = loaded.new_trace(args.method, prompt_ids, args.prompt, sampling, args.max_new_tokens, settings)
     metrics = Metrics()
     for step in generate(target, proposer, prompt_ids, gen_cfg):
         trace.steps.append(step)

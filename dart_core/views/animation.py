@@ -138,7 +138,7 @@ def _step_nodes(trace: Trace, step: StepRecord, bonus: int | None) -> tuple[list
     drawn, rest = _drawn(c)
     cand = {candidate_key(c, i): i for i in sorted(drawn)}   # "n3" for tree node 3, "c17" for another candidate
     nodes = [replace(n, hover=_hover(trace, c, cand[n.key])) if n.key in cand else n
-             for n in tree_view(trace, step.tree, step.path, bonus, None, [], lookup_nodes=step.lookup_nodes).nodes]
+             for n in tree_view(trace, step.tree, step.path, bonus, None, [], step.lookup_nodes).nodes]
     for key, i in cand.items():
         if key[0] == "c":
             nodes.append(TreeNode(key, candidate_key(c, int(c.parent[i])), int(c.token[i]),
@@ -283,7 +283,7 @@ def run_animation(trace: Trace, speed: float = 1.0) -> go.Figure:
     views = []
     for step in trace.steps:
         nodes = [] if step.tree is None else tree_view(trace, step.tree, step.path, _bonus(step), None, [],
-                                                       lookup_nodes=step.lookup_nodes).nodes
+                                                       step.lookup_nodes).nodes
         views.append((nodes, tree_layout(nodes) if nodes else {}))
     # One pair of axes for all frames, so nothing rescales as the run plays.
     every = {(i, key): p for i, (_, pos) in enumerate(views) for key, p in pos.items()} or {0: (0.0, 0.0)}

@@ -127,11 +127,21 @@ def _cand_hover(c: Candidates, i: int, context: list[int], trace: Trace) -> list
     return lines
 
 
+@dataclass(frozen=True)
+class TreeOptions:
+    """How a tree is drawn: its title, and whether the pruned candidates join it (how many in all, and per parent)."""
+    title: str = ""
+    show_pruned: bool = False
+    max_pruned: int = MAX_PRUNED
+    per_parent: int = PER_PARENT
+
+
 def tree_view(trace: Trace, tree: TokenTree, path: list[int], bonus: int | None, candidates: Candidates | None,
-              context: list[int], show_pruned: bool = False, max_pruned: int = MAX_PRUNED,
-              title: str = "", lookup_nodes=(), per_parent: int = PER_PARENT) -> TreeView:
+              context: list[int], lookup_nodes=(), options: TreeOptions = TreeOptions()) -> TreeView:
     """Nodes of a tree figure: the verified tree, the bonus token, and optionally the pruned candidates, grouped per
     parent (see dart_core.views.pruned_groups)."""
+    show_pruned, max_pruned, per_parent = options.show_pruned, options.max_pruned, options.per_parent
+    title = options.title
     accepted = set(path[1:])
     cand_of_node: dict[int, int] = {}
     if candidates is not None and len(candidates):
@@ -333,8 +343,8 @@ def tree_figure(trace: Trace, index: int, show_pruned: bool = False, max_pruned:
     bonus = step.new_tokens[-1] if len(step.new_tokens) == step.accepted + 1 else None
     title = (f"Step {index}: {len(step.tree) - 1} draft nodes, {step.accepted} accepted"
              + (" + bonus" if bonus is not None else ""))
-    view = tree_view(trace, step.tree, step.path, bonus, step.candidates, trace.context_at(index),
-                     show_pruned, max_pruned, title, step.lookup_nodes)
+    view = tree_view(trace, step.tree, step.path, bonus, step.candidates, trace.context_at(index), step.lookup_nodes,
+                     TreeOptions(title, show_pruned, max_pruned))
     if (miss := missed_token(trace, index)) is not None:
         view.missed = _missed_marks(trace, index, miss, view)
         view.notes.insert(0, "ringed: the target " + miss.text(lambda t: token_text(trace, t)))

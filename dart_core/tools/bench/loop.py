@@ -16,7 +16,7 @@ from tqdm import tqdm
 from ...setup.chat import encode_prompt
 from ...methods import uses_head
 from ...setup.calibration import machine_record
-from ...setup.loading import auto_budget, load_target, make_proposer, stop_ids
+from ...setup.loading import load, load_target
 from .methods import is_hf
 from .plan import BenchPlan
 from .prompts import BenchPrompt, prompt_ident, skip_prompt
@@ -46,6 +46,7 @@ def progress_bar(plan: BenchPlan, progress: Progress) -> tqdm:
 def decode_all(plan: BenchPlan, progress: Progress, runs_file: RunsFile, bar: tqdm) -> None:
     for dtype in plan.dtypes:
         if all(k in progress.done for k in _planned(plan, dtype, progress.prompts)):
+            plan.loaded_targets.pop(dtype, None)
             continue          # every run of this dtype is in the runs file: do not even load it
         decode_dtype(plan, dtype, progress, runs_file, bar)
         gc.collect()          # the dtype's target is unreferenced now: free it before the next one loads
@@ -56,19 +57,16 @@ def decode_all(plan: BenchPlan, progress: Progress, runs_file: RunsFile, bar: tq
 def decode_dtype(plan: BenchPlan, dtype: str, progress: Progress, runs_file: RunsFile, bar: tqdm) -> None:
     """Load the target in `dtype`, drop the prompts too long for it, warm up, then decode the runs not yet done."""
     bar.set_description(f"bench {dtype}: loading")
-    target = load_target(plan.model, plan.device, dtype, plan.recalibrate)
-    stops = stop_ids(target)
-
-    def budget(method):   # each DART method learns its own acceptance per budget
-        return auto_budget(target, plan.model, plan.search) if plan.auto_budget and uses_head(method) else None
-
-    proposers = {m: make_proposer(m, target, plan.draft, plan.ngram, plan.search, plan.pld_tokens, plan.pld_ngram,
-                                  plan.ngram_context_weight, plan.lookup_tokens, budget(m), plan.draft_int8)
-                 for m in plan.methods if not is_hf(m)}
+    target = plan.loaded_targets.pop(dtype, None) or load_target(plan.model, plan.device, dtype, plan.recalibrate)
+    heads = any(uses_head(m) for m in plan.methods)
+    loaded = load(plan.model, plan.draft, plan.ngram, plan.device, dtype, heads, plan.recalibrate, plan.draft_int8,
+                  target=target)
+    stops = loaded.stop_ids
+    settings = plan.draft_settings()   # each DART method gets its own automatic budget: it learns its own acceptance
+    proposers = {m: loaded.proposer(m, settings) for m in plan.methods if not is_hf(m)}
     machine = machine_record(target, plan.model, plan.auto_budget)
-    drafters = [p.drafter for p in proposers.values() if hasattr(p, "drafter")]
-    if drafters:   # how DART drafted here (the choice is measured once per machine and cached)
-        machine["draft_kernels"] = "int8" if getattr(drafters[0], "int8", False) else "fp32"
+    if loaded.draft_choice is not None:   # how DART drafted here (the choice is measured once per machine and cached)
+        machine["draft_kernels"] = "int8" if loaded.draft_choice["int8"] else "fp32"
     progress.environment.setdefault("machine", {})[dtype] = machine
     progress.prompts = fitting_prompts(plan, target, progress.prompts, runs_file)
     progress.environment.setdefault("target", {"vocab_size": target.vocab_size, "layers": target.num_layers,

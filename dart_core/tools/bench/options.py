@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from ...setup.models import DTYPES, dtype_name
 from ..args import THINKING_HELP, CliError, add_model_args, add_search_args
 from .methods import METHODS
 
-DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
-               "float16": "fp16"}
+DTYPE_NAMES = {name: dtype_name(dtype) for name, dtype in DTYPES.items()}   # every spelling -> fp32, bf16, fp16
 
 
 def split_list(value: str) -> list[str]:

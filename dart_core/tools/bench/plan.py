@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from ...methods import uses_head
-from ...setup.dtype_choice import fast_dtype
 from ...setup.files import check_writable
+from ...setup.loading import DraftSettings, fast_dtype
 from ...setup.ngram_tables import ensure_default_ngram
 from ...tree_search import SearchConfig
 from ..args import CliError, auto_budget_from, search_config_from
@@ -50,6 +50,12 @@ class BenchPlan:
     threads: int | None
     resume: bool
     progress: bool
+    loaded_targets: dict = field(default_factory=dict, repr=False)   # dtype -> a target loaded already (--dtype auto)
+
+    def draft_settings(self) -> DraftSettings:
+        return DraftSettings(self.search, self.auto_budget, lookup_tokens=self.lookup_tokens,
+                             context_weight=self.ngram_context_weight, pld_tokens=self.pld_tokens,
+                             pld_ngram=self.pld_ngram)
 
 
 def plan_from_args(args) -> BenchPlan:
@@ -66,8 +72,12 @@ def plan_from_args(args) -> BenchPlan:
     prompts, workload_info = load_prompts(workloads, args.prompts, args.limit)
     if not prompts:
         raise CliError("no prompts to run (check --workloads / --prompts)")
+    targets = {}      # --dtype auto measures on the fp32 target: the fp32 runs decode with it
     if dtypes is None:
-        dtypes = parse_dtypes("auto", lambda: fast_dtype(args.model, args.device))
+        def fast():
+            choice, targets["fp32"] = fast_dtype(args.model, args.device, args.recalibrate)
+            return choice
+        dtypes = parse_dtypes("auto", fast)
     progress = not args.no_progress
     ngram = args.ngram
     if ngram == "default" and any(uses_head(m) for m in methods):     # only DART reads the table
@@ -79,7 +89,8 @@ def plan_from_args(args) -> BenchPlan:
         thinking=args.thinking, max_new_tokens=args.max_new_tokens, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         pld_tokens=args.pld_tokens, pld_ngram=args.pld_ngram, lookup_tokens=getattr(args, "lookup_tokens", None),
         ngram_context_weight=args.ngram_context_weight, warmup=args.warmup, limit=args.limit,
-        prompts_file=args.prompts, threads=args.threads, resume=args.resume, progress=progress)
+        prompts_file=args.prompts, threads=args.threads, resume=args.resume, progress=progress,
+        loaded_targets={d: t for d, t in targets.items() if t is not None})
 
 
 def default_out_path() -> str:
