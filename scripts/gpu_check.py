@@ -37,13 +37,13 @@ from dart_core.proposers import DartProposer, HeadDrafter, VanillaProposer
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.datasets import mtbench_prompts
 from dart_core.setup.defaults import cache_root
-from dart_core.setup.loading import load, load_draft
+from dart_core.setup.loading import DraftSettings, load, load_draft
+from dart_core.setup.tiny_models import plain_greedy_reference, random_head, tiny_target
 from dart_core.tree_search import SearchConfig
 from dart_core.draft_head import DraftConfig, DraftHead
 from dart_core.head_formats import save_authors
 from dart_core.target import TargetModel
 from tests.test_engine_lossless import prompts
-from tests.tiny import plain_greedy_reference, random_head, tiny_target
 from tests.train_fixtures import save_tiny_qwen3, write_chats
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ def default_model(report: Report, device: str, n_prompts: int, max_new_tokens: i
     target = loaded.target
     config = GenerationConfig(max_new_tokens=max_new_tokens, stop_ids=loaded.stop_ids)
     texts = [p.text for p in mtbench_prompts()[:n_prompts]]
-    dart, plain = loaded.proposer("dart", auto=True), VanillaProposer()
+    dart, plain = loaded.proposer("dart", DraftSettings(auto_budget=True)), VanillaProposer()
     run(target, plain, encode_prompt(target.tokenizer, texts[0]), config)   # warm-up (kernels, allocator)
     same, seconds, metrics = 0, {"plain": 0.0, "dart": 0.0}, {"plain": Metrics(), "dart": Metrics()}
     for text in texts:

@@ -15,11 +15,11 @@ from dart_core.head_formats import AUTHORS, head_format, load_head, save_authors
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup.loading import load_draft
+from dart_core.setup.tiny_models import plain_greedy_reference, tiny_target
 from dart_core.tree_search import SearchConfig
 from tests.authors_format import THEIR_KEYS, read_authors_head, their_draft, their_features, write_authors_head
 from tests.sampling_stats import chi2_pvalue, exact_joint, sample_through_the_loop
 from tests.test_engine_lossless import prompts
-from tests.tiny import plain_greedy_reference, tiny_target
 
 
 @pytest.fixture(scope="module")

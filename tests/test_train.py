@@ -13,7 +13,7 @@ from dart_core.training import data as data_mod, trainer as trainer_mod
 from dart_core.training.head_forward import train_logits
 from dart_core.training.trainer import SoftCrossEntropy, Trainer, TrainConfig, choose_draft_vocab, sequence_batch
 from dart_core.training.data import cached_example, sequence_example, top_labels
-from tests.tiny import plain_greedy_reference, tiny_target
+from dart_core.setup.tiny_models import plain_greedy_reference, tiny_target
 
 
 def answered_prompts(n: int, low: int, high: int):

@@ -11,11 +11,11 @@ from dart_core.decoding import GenerationConfig, run
 from dart_core.draft_head import DraftConfig, DraftHead
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup.loading import load_draft
+from dart_core.setup.tiny_models import plain_greedy_reference
 from dart_core.tools.cli import main
 from dart_core.tree_search import SearchConfig
 from tests.authors_format import THEIR_KEYS, read_authors_head, their_draft, their_features
 from tests.test_engine_lossless import prompts
-from tests.tiny import plain_greedy_reference
 from tests.train_fixtures import save_tiny_qwen3, write_chats
 
 STEPS = 4

@@ -11,7 +11,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from tests.tiny import tiny_target
+from dart_core.setup.tiny_models import tiny_target
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "system", "user", "assistant"]
 VOCAB = 96

@@ -189,10 +189,9 @@ class Loaded:
         """Whether the head drafts in int8 here, and why (None without a head)."""
         return draft_int8_choice(self.head, self.target, self.draft_int8) if self.head is not None else None
 
-    def proposer(self, method: str, settings: DraftSettings | None = None, recalibrate: bool = False, *,
-                 auto: bool = False) -> Proposer:
+    def proposer(self, method: str, settings: DraftSettings | None = None, recalibrate: bool = False) -> Proposer:
         """The proposer of `method` with these settings; recalibrate measures the cost curve of the automatic
-        budget again. auto: the same as settings.auto_budget (scripts/gpu_check.py still passes it)."""
+        budget again."""
         settings = settings or DraftSettings()
         if method == VANILLA:
             return VanillaProposer()
@@ -203,7 +202,7 @@ class Loaded:
         if self.head is None:
             raise SetupError("DART needs a draft head")
         check_ngram_fits(self.table, self.target)
-        auto = auto or settings.auto_budget
+        auto = settings.auto_budget
         budget = auto_budget(self.target, self.model, settings, recalibrate) if auto else None
         table = ContextNGram(self.table, weight=settings.context_weight) if settings.context_weight > 0 \
             else self.table
