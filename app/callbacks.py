@@ -20,7 +20,7 @@ from pathlib import Path
 import gradio as gr
 
 from dart_core.errors import DartError
-from dart_core.methods import DART, PLD, VANILLA
+from dart_core.methods import DART, LANE_ORDER, LANES, PLD, VANILLA, lane_of
 from dart_core.setup.loading import DraftSettings
 from dart_core.trace import Trace, TraceError, check_trace
 from dart_core.views import figures
@@ -31,8 +31,7 @@ from dart_core.views.story import story_html
 from dart_core.views.text_render import lane_html, lane_text_html, token_text
 
 from .engine import Engine, EngineError
-from .lanes import DONE, ERROR, LANE_ORDER, LANE_TITLES, STOPPED, Lane, lane_of, lane_stats, lane_status_text, \
-    replay_lane, round_robin
+from .lanes import DONE, ERROR, STOPPED, Lane, lane_stats, lane_status_text, replay_lane, round_robin
 from .options import OptionError, check_knob, check_prompt, sampling_from, search_from
 from .request import RunRequest
 from .session import Session, SessionStore, freed_text
@@ -94,7 +93,7 @@ class Callbacks:
     # ------------------------------------------------------------------ views
     def lane_card(self, session: Session, key: str) -> str:
         lane = session.lanes.get(key)
-        title = LANE_TITLES[key]
+        title = LANES[key].title
         if lane is None:
             return lane_html(key, title, "idle", [], '<pre class="lane-text lane-empty">Run a prompt to fill this '
                                                       'lane.</pre>')
@@ -153,7 +152,7 @@ class Callbacks:
     def step_info(self, lane: Lane, i: int) -> str:
         step, trace = lane.trace.steps[i], lane.trace
         emitted = "".join(token_text(trace, t) for t in step.new_tokens)
-        bits = [f"<b>{html.escape(LANE_TITLES.get(lane.key, lane.key))} · step {i}</b> of {len(trace.steps) - 1}"]
+        bits = [f"<b>{html.escape(LANES[lane.key].title)} · step {i}</b> of {len(trace.steps) - 1}"]
         if step.kind == "prefill":
             bits.append("prefill: the target read the prompt and chose the first token")
         else:
@@ -194,7 +193,7 @@ class Callbacks:
     def lane_pick(self, session: Session, key: str | None = None) -> dict:
         keys = list(session.lanes)
         value = key if key in keys else session.default_lane()
-        return {"lane": gr.update(choices=[(LANE_TITLES[k], k) for k in keys], value=value)}
+        return {"lane": gr.update(choices=[(LANES[k].title, k) for k in keys], value=value)}
 
     def whatif_knobs(self, session: Session) -> dict:
         lane = session.lane(DART)
@@ -303,7 +302,7 @@ class Callbacks:
                 if lane.key == VANILLA and DART in session.lanes:  # DART's speedup depends on plain's rate
                     out[LANE_OUTPUTS[DART]] = self.lane_card(session, DART)
                 if lane.status == ERROR:
-                    out.update(warn(f"{LANE_TITLES[lane.key]} failed: {lane.error}"))
+                    out.update(warn(f"{LANES[lane.key].title} failed: {lane.error}"))
                 counts[lane.key] += 1
                 if step is not None and lane.key == view_key:
                     if session.follow:
@@ -418,7 +417,7 @@ class Callbacks:
             return {"state": session, **warn("Could not load the trace: " + "; ".join(errors))}
         session.new_run([replay_lane(t) for t in traces.values()])
         out = {**self.full_view(session, show_pruned), **self.whatif_knobs(session),
-               "message": message_html("Loaded " + ", ".join(LANE_TITLES[k] for k in session.lanes) + " for replay."
+               "message": message_html("Loaded " + ", ".join(LANES[k].title for k in session.lanes) + " for replay."
                                        + (" Skipped: " + "; ".join(errors) if errors else ""),
                                        "error" if errors else "info")}
         if errors:

@@ -8,11 +8,10 @@ from __future__ import annotations
 import html
 
 from dart_core.glossary import GLOSSARY
-from dart_core.methods import DART, PLD, VANILLA
+from dart_core.methods import DART, LANE_ORDER, LANES, PLD, VANILLA
 from dart_core.views.figures import (ACCEPTED, BONUS, CATEGORIES, COLORS, MISSED_COLOR, MISSED_NAME, NAMES,
                                      PRUNED_BEAM, PRUNED_BUDGET, PRUNED_MORE, PRUNED_NGRAM, REJECTED, ROOT)
 
-from .lanes import LANE_ORDER, LANE_TITLES
 
 TREE_TAB, PRUNING_TAB, CHARTS_TAB, WHATIF_TAB, GLOSSARY_TAB = (
     "Token tree", "Pruning decisions", "Run charts", "What-if", "Glossary")
@@ -25,7 +24,7 @@ TABS = {
     WHATIF_TAB: "rerun the selected step's search with other knobs and see what would have been accepted",
     GLOSSARY_TAB: "τ, node budget, bonus token and the other words, defined",
 }
-LANES = {
+LANE_MEANING = {
     VANILLA: "the target model alone, one token per forward pass: the baseline every speedup is measured against",
     DART: "a small draft head guesses several tokens at once, an n-gram-guided search turns the guesses into a "
           "tree, and the target checks the whole tree in one forward pass; lossless: greedy, the same tokens",
@@ -54,7 +53,7 @@ def _items(pairs) -> str:
 
 def tour_html() -> str:
     """The first-visit panel: what the lanes, the tree's node colours and the tabs mean."""
-    lanes = _items((f"<b>{html.escape(LANE_TITLES[k])}</b>:", LANES[k]) for k in LANE_ORDER)
+    lanes = _items((f"<b>{html.escape(LANES[k].title)}</b>:", LANE_MEANING[k]) for k in LANE_ORDER)
     nodes = _items([(f"{_swatch(COLORS[c])}<b>{html.escape(NAMES[c])}</b> ({COLORS[c]}):", NODE_MEANING[c])
                     for c in CATEGORIES]
                    + [(f"{_swatch('transparent', MISSED_COLOR, 3)}<b>{html.escape(MISSED_NAME)}</b> "

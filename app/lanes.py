@@ -16,20 +16,18 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from dart_core.errors import DartError
-from dart_core.methods import DART, DART_PLD, PLD, VANILLA
+from dart_core.methods import VANILLA, lane_of
 from dart_core.metrics import Metrics
 from dart_core.trace import StepRecord, Trace
 
 WAITING, RUNNING, DONE, STOPPED, ERROR, REPLAY = "waiting", "running", "done", "stopped", "error", "replay"
-LANE_ORDER = (VANILLA, DART, PLD)   # a lane is keyed by the method it shows; dart_pld runs in the DART lane
-LANE_TITLES = {VANILLA: "Plain decoding", DART: "DART", PLD: "Prompt lookup"}
 log = logging.getLogger(__name__)
 STOP_REASONS = {"stop_token": "end of answer", "max_new_tokens": "token limit", "context_full": "context full"}
 
 
 @dataclass
 class Lane:
-    key: str                                   # one of LANE_ORDER (lane_of the trace's method)
+    key: str                                   # a key of methods.LANES (lane_of the trace's method)
     trace: Trace
     steps: Iterator[StepRecord] | None = None  # the live generator; None for a replayed trace
     own_time: float = 0.0                      # seconds spent in this lane's own steps
@@ -91,11 +89,6 @@ class Lane:
         if self.steps is not None and hasattr(self.steps, "close"):
             self.steps.close()
         self.steps = None
-
-
-def lane_of(method: str) -> str:
-    """The lane a method's trace is shown in."""
-    return DART if method == DART_PLD else method
 
 
 def replay_lane(trace: Trace) -> Lane:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dart_core.errors import ConfigError
-from dart_core.methods import DART
+from dart_core.methods import DART, LANE_ORDER
 
-from .lanes import LANE_ORDER, Lane
+from .lanes import Lane
 
 # 20 minutes idle: longer than any pause while reading one run (every step picked or button pressed restarts it),
 # short enough that at 1,000 visitors a day (about 3 a minute at a busy hour) some 60 idle sessions are held at most,

@@ -13,6 +13,7 @@ from pathlib import Path
 import gradio as gr
 
 from dart_core.trace import Trace
+from dart_core.views.text_render import lane_css
 
 from .callbacks import (CHART_OUTPUTS, LANE_OUTPUTS, MAX_TRACE_BYTES, STEP_OUTPUTS, WHATIF_KNOBS, WHATIF_OUTPUTS,
                         Callbacks, message_html)
@@ -34,10 +35,12 @@ HIDDEN = {"api_visibility": "undocumented"}
 
 
 def launch_kwargs(sessions: SessionStore) -> dict:
-    """What `launch()` needs besides host and port: the stylesheet and the theme (Gradio 6 takes them there), and a
-    bound on the pages whose data Gradio itself keeps (the last value of every component, kept until evicted: its
-    default is 10,000 pages; twice the sessions held leaves room for pages that never ran anything)."""
-    return {"css_paths": [CSS_PATH], "theme": gr.themes.Soft(primary_hue="orange", secondary_hue="blue"),
+    """What `launch()` needs besides host and port: the stylesheet, the lanes' colour rules and the theme (Gradio 6
+    takes them there), and a bound on the pages whose data Gradio itself keeps (the last value of every component,
+    kept until evicted: its default is 10,000 pages; twice the sessions held leaves room for pages that never ran
+    anything)."""
+    return {"css_paths": [CSS_PATH], "css": lane_css(),
+            "theme": gr.themes.Soft(primary_hue="orange", secondary_hue="blue"),
             "ssr_mode": False, "max_file_size": MAX_TRACE_BYTES, "state_session_capacity": 2 * sessions.max_sessions}
 
 

@@ -13,12 +13,12 @@ import pytest
 
 from app.engine import Engine
 from app.explain import TABS, glossary_html, tour_html
-from app.lanes import LANE_ORDER, LANE_TITLES
 from app.ui import build_app
 from dart_core import metrics
 from dart_core.decoding import GenerationConfig, run
 from dart_core.forensics import BEAM, BUDGET, NGRAM, NOT_IN_TOPK, REASON_TEXT, run_misses
 from dart_core.glossary import GLOSSARY
+from dart_core.methods import LANE_ORDER, LANES
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer
 from dart_core.trace import RunSettings
@@ -230,7 +230,7 @@ def test_the_tour_names_the_real_colours_lanes_and_tabs():
     for cat in figures.CATEGORIES:
         assert f"background:{figures.COLORS[cat]}" in tour and html.escape(NAMES[cat]) in tour
     assert f"solid {figures.MISSED_COLOR}" in tour and figures.MISSED_NAME in tour
-    assert all(LANE_TITLES[k] in tour for k in LANE_ORDER)
+    assert all(LANES[k].title in tour for k in LANE_ORDER)
     assert all(f"<b>{html.escape(name)}</b>" in tour for name in TABS)
 
 

@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from dart_core.methods import LANES
 from dart_core.metrics import Metrics
 from dart_core.trace import StepRecord
 from dart_core.views import figures
@@ -163,7 +164,7 @@ def test_accepted_length_chart(tiny):
     assert set(by_name) == {"DART", "prompt lookup"}        # plain decoding never drafts
     dart_steps = [s for s in tiny["dart"].steps if s.kind == "verify"]
     assert list(by_name["DART"].y) == [s.accepted for s in dart_steps]
-    assert by_name["DART"].marker.color == figures.LANE_COLORS["dart"]
+    assert by_name["DART"].marker.color == LANES["dart"].colour
 
 
 def test_acceptance_by_position_chart(tiny):

@@ -13,9 +13,12 @@ from plotly.offline import get_plotlyjs
 
 from app.callbacks import Callbacks
 from app.engine import Engine
-from app.session import Session
+from app.session import Session, SessionStore
+from app.ui import launch_kwargs
+from dart_core.methods import LANES, lane_of
 from dart_core.tools.cli import main
-from dart_core.views.report import ReportError, lane_key, report_html
+from dart_core.views.report import ReportError, report_html
+from dart_core.views import figures
 from dart_core.views.text_render import token_text
 from dart_core.ngram import NGramModel
 from tests.app_fixtures import TRICKY, hand_trace, tiny_traces
@@ -86,7 +89,7 @@ def test_the_report_holds_the_whole_run(traces, report):
     for trace in traces.values():   # each lane's text, as written
         assert "".join(token_text(trace, t) for t in trace.output_ids) in page.pre
     # One story per step of every lane, inside that step.
-    assert page.steps == [f"step-{lane_key(t)}-{i}" for t in traces.values() for i in range(len(t.steps))]
+    assert page.steps == [f"step-{lane_of(t.method)}-{i}" for t in traces.values() for i in range(len(t.steps))]
     assert all(n == 1 for n in page.stories.values())
     # A tree per DART step, drawn from its own figure JSON; plain decoding's trivial trees are left out.
     dart = traces["dart"]
@@ -120,6 +123,16 @@ def test_the_report_is_self_contained(report):
     assert "<script src" not in report and "<link" not in report
     # Token text from the model is data everywhere, in the HTML and in the embedded JSON alike.
     assert TRICKY[9] not in report and TRICKY[8] not in report
+
+
+def test_the_report_and_the_app_colour_each_lane_as_its_charts(report):
+    # Each lane's card has the colour its bars have in the charts, in the report and on the app's page alike.
+    bars = {bar.name: bar.marker.color for bar in figures.accepted_length_figure(tiny_traces(4)).data}
+    page_css = launch_kwargs(SessionStore())["css"]
+    for key, look in LANES.items():
+        rule = f".lane-{key} {{ border-top: 4px solid {look.colour}; }}"
+        assert rule in report and rule in page_css
+        assert bars.get(look.short, look.colour) == look.colour   # plain decoding has no bars
 
 
 def test_a_report_needs_one_trace_per_lane(traces):

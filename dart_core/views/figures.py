@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dart_core.budget import pool_path
-from dart_core.methods import DART, PLD, VANILLA
+from dart_core.methods import LANES, VANILLA
 from dart_core.forensics import BEYOND, REASON_TEXT, KnobEffect, Miss, RunForensics, run_forensics, step_miss
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
@@ -47,8 +47,6 @@ FATE_TEXT = {ACCEPTED: "accepted", REJECTED: "verified, rejected", ROOT: "root",
              PRUNED_BUDGET: "pruned (node budget)", PRUNED_BEAM: "pruned (beam cut)",
              PRUNED_NGRAM: "pruned (unseen n-gram)"}
 MISSED_COLOR, MISSED_NAME = "#c62828", "missed: the token the target wanted"   # a ring over the node
-LANE_COLORS = {VANILLA: "#78909c", DART: "#ef6c00", PLD: "#7e57c2"}
-LANE_NAMES = {VANILLA: "plain", DART: "DART", PLD: "prompt lookup"}
 PHASE_COLORS = {"prefill": "#90a4ae", "draft": "#ffb74d", "search": "#ba68c8", "verify": "#4fc3f7",
                 "accept": "#aed581"}
 MAX_PRUNED = MAX_SHOWN
@@ -408,6 +406,15 @@ def _verify_steps(trace: Trace):
     return [s for s in trace.steps if s.kind == "verify"]
 
 
+def _lane_name(lane: str) -> str:
+    """A lane's short name for legends and titles; a key of no lane (none given, say) stands as it is."""
+    return LANES[lane].short if lane in LANES else lane
+
+
+def _lane_colour(lane: str) -> str | None:
+    return LANES[lane].colour if lane in LANES else None   # None: plotly's next colour
+
+
 def accepted_length_figure(traces: dict[str, Trace]) -> go.Figure:
     """Tokens emitted per verify step (accepted drafts + bonus), one bar series per lane."""
     fig = go.Figure()
@@ -416,7 +423,7 @@ def accepted_length_figure(traces: dict[str, Trace]) -> go.Figure:
         if not steps or lane == VANILLA:
             continue
         fig.add_trace(go.Bar(x=[s.index for s in steps], y=[s.accepted for s in steps],
-                             name=LANE_NAMES.get(lane, lane), marker_color=LANE_COLORS.get(lane),
+                             name=_lane_name(lane), marker_color=_lane_colour(lane),
                              hovertemplate="step %{x}: %{y} accepted<extra></extra>"))
     if not fig.data:
         return message_figure("no drafting steps yet")
@@ -436,13 +443,13 @@ def acceptance_by_position_figure(traces: dict[str, Trace]) -> go.Figure:
         if not m.verify_steps:
             continue
         reach = m.acceptance_by_depth
-        name = LANE_NAMES.get(lane, lane)
+        name = _lane_name(lane)
         fig.add_trace(go.Bar(x=list(range(1, len(reach) + 1)), y=reach, name=f"{name}: reached depth",
-                             marker_color=LANE_COLORS.get(lane),
+                             marker_color=_lane_colour(lane),
                              hovertemplate="depth %{x}: %{y:.1%} of steps<extra></extra>"))
         cond = m.conditional_acceptance
         fig.add_trace(go.Scatter(x=list(range(1, len(cond) + 1)), y=cond, name=f"{name}: accepted given reached",
-                                 mode="lines+markers", line={"color": LANE_COLORS.get(lane), "dash": "dash"},
+                                 mode="lines+markers", line={"color": _lane_colour(lane), "dash": "dash"},
                                  hovertemplate="depth %{x}: %{y:.1%}<extra></extra>"))
     if not fig.data:
         return message_figure("no drafting steps yet")
@@ -465,7 +472,7 @@ def time_split_figure(trace: Trace, lane: str = "") -> go.Figure:
         if any(y):
             fig.add_trace(go.Bar(x=x, y=y, name=phase, marker_color=PHASE_COLORS.get(phase),
                                  hovertemplate=f"step %{{x}}: %{{y:.1f}} ms {phase}<extra></extra>"))
-    name = LANE_NAMES.get(lane, lane)
+    name = _lane_name(lane)
     fig.update_layout(title={"text": f"Time per step{f' ({name})' if name else ''}", "x": 0.01}, barmode="stack",
                       xaxis={"title": "step"}, yaxis={"title": "ms"}, height=300,
                       margin={"l": 10, "r": 10, "t": 50, "b": 40})

@@ -17,7 +17,7 @@ from plotly.offline import get_plotlyjs
 
 from dart_core.errors import DartError
 from dart_core.forensics import REASON_TEXT
-from dart_core.methods import DART, DART_PLD, PLD, VANILLA
+from dart_core.methods import DART, LANE_ORDER, LANES, VANILLA, lane_of
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.trace import Trace
@@ -25,9 +25,8 @@ from dart_core.trace import Trace
 from . import figures
 from .animation import run_animation
 from .story import story_html
-from .text_render import LEGEND_HTML, lane_html, lane_text_html, token_text
+from .text_render import LEGEND_HTML, lane_css, lane_html, lane_text_html, token_text
 
-LANE_ORDER = (VANILLA, DART, PLD)
 CONFIG = {"displaylogo": False, "responsive": True}
 # Opening a step (or a run's autoplay) draws its figure from the JSON beside it, once, frames and all (an animation
 # then plays); every figure shares the one template below.
@@ -50,8 +49,6 @@ h1 { margin-bottom: 2px; } h2 { margin-top: 28px; border-bottom: 1px solid #cfd8
 .meta { color: #546e7a; font-size: 0.9em; }
 .lanes { display: flex; gap: 12px; flex-wrap: wrap; } .lanes > .lane { flex: 1 1 300px; }
 .lane { border: 1px solid #cfd8dc; border-radius: 8px; padding: 8px 10px; }
-.lane-vanilla { border-top: 4px solid #78909c; } .lane-dart { border-top: 4px solid #ef6c00; }
-.lane-pld { border-top: 4px solid #7e57c2; }
 .lane-head { display: flex; justify-content: space-between; } .lane-title { font-weight: 700; }
 .lane-status { font-size: 0.8em; color: #546e7a; }
 .lane-stats { display: flex; flex-wrap: wrap; gap: 4px 12px; margin: 4px 0 6px; font-size: 0.85em; }
@@ -71,19 +68,14 @@ class ReportError(DartError):
     """Traces that do not make one report (none, or two of one lane)."""
 
 
-def lane_key(trace: Trace) -> str:
-    """The lane a trace is shown in, as in the app: DART with the lookup branch is still the DART lane."""
-    return DART if trace.method == DART_PLD else trace.method
-
-
 def report_html(traces: list[Trace], title: str | None = None, ngram: NGramModel | None = None) -> str:
     """The whole report of `traces` (one per lane), as one HTML document; the title defaults to the prompt.
     `ngram`: the DART run's n-gram table, to replay its search for the forensics (n-gram weight, beam width)."""
     lanes: dict[str, Trace] = {}
     for trace in traces:
-        key = lane_key(trace)
+        key = lane_of(trace.method)
         if key in lanes:
-            raise ReportError(f"two traces for the {figures.LANE_NAMES[key]} lane: a report holds one per lane")
+            raise ReportError(f"two traces for the {LANES[key].short} lane: a report holds one per lane")
         lanes[key] = trace
     if not lanes:
         raise ReportError("no trace to report")
@@ -102,7 +94,7 @@ def report_html(traces: list[Trace], title: str | None = None, ngram: NGramModel
                  *([_autoplay(key, trace)] if key != VANILLA else []),   # plain decoding drafts nothing to play
                  '<p class="meta">Open a step for its story and its token tree.</p>', _steps(key, trace)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{CSS}</style>"
+            f"<title>{html.escape(title)}</title><style>{CSS}{lane_css()}</style>"
             f"<script>{get_plotlyjs()}</script><script>const CONFIG = {json.dumps(CONFIG)};</script></head><body>"
             + "\n".join(body)
             + f'<script type="application/json" id="plotly-template">{_json(template)}</script>'
@@ -124,7 +116,7 @@ def _figure(fig) -> str:
 
 
 def _lane_title(key: str, trace: Trace) -> str:
-    name = figures.LANE_NAMES.get(key, key)
+    name = LANES[key].short
     return name if trace.method == key else f"{name} ({trace.method})"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 
+from dart_core.methods import LANES
 from dart_core.trace import StepRecord, Trace
 
 DRAFT, TARGET = "draft", "target"   # a verified draft token / a token the target chose itself (prefill, bonus)
@@ -60,6 +61,12 @@ def lane_html(lane: str, title: str, status: str, stats: list[tuple[str, str]], 
             f'<div class="lane-head"><span class="lane-title">{html.escape(title)}</span>'
             f'<span class="lane-status status-{html.escape(status.split(" ")[0])}">{html.escape(status)}</span></div>'
             f'<div class="lane-stats">{items}</div>{body}</div>')
+
+
+def lane_css() -> str:
+    """The lane cards' colour rules (the `lane-<key>` class of lane_html), made from the one lane table so that the
+    app's page and the HTML report colour a lane as its charts do."""
+    return "\n".join(f".lane-{key} {{ border-top: 4px solid {look.colour}; }}" for key, look in LANES.items())
 
 
 LEGEND_HTML = ('<div class="legend"><span class="tok tok-draft">verified draft token</span> '
