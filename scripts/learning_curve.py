@@ -8,9 +8,12 @@ compares with series measured on the same held-out set (its `heldout` name); the
     python -m scripts.learning_curve add runs/head5-cont --name "K=5 continued, chat+code" --heldout mix48-seed1
     python -m scripts.learning_curve draw
 
-The fit: row-0 top-1 (and chain tau) linear in ln(tokens) over a set's points at 1M tokens and beyond, where the
-early, fast part of the curve is over. A straight line in ln(tokens) is optimistic if the curve keeps bending down
-(the points say whether it does), so the tokens it predicts for a target are a lower bound.
+The fit: row-0 top-1 (and chain tau) linear in ln(tokens) over a set's heads at the end of a schedule (a run's
+last evaluation, and the step-0 evaluation of a run continued from a trained head, which is that head's score), at
+1M tokens and beyond, where the early, fast part of the curve is over. Points inside a schedule are left out of the
+fit: there the learning rate's warm-up and decay move the metrics as much as the data does (a continued run first
+dips, then climbs as its rate anneals). A straight line in ln(tokens) is optimistic if the curve keeps bending down,
+so the tokens it predicts for a target are a lower bound.
 """
 
 from __future__ import annotations
@@ -40,10 +43,11 @@ def run_points(run: Path) -> tuple[list[dict], dict]:
     before = int((metrics.get("started_from") or {}).get("tokens_seen") or 0)
     per_step = state["tokens_seen"] / max(state["step"], 1)
     points = []
-    for h in state["history"]:
+    for i, h in enumerate(state["history"]):
         exact = "tokens_seen" in h
         tokens = h["tokens_seen"] if exact else round(h["step"] * per_step)
-        points.append({"step": h["step"], "tokens": before + int(tokens), "estimated": not exact,
+        ended = i == len(state["history"]) - 1 or (h["step"] == 0 and before > 0)   # a schedule's end (see fit)
+        points.append({"step": h["step"], "tokens": before + int(tokens), "estimated": not exact, "endpoint": ended,
                        "row0_top1": h["row_top1"][0], "chain_tau": h["chain_tau"],
                        "top3_tau_bound": h.get("top3_tau_bound")})
     provenance = {"run": str(run), "command": (state.get("sessions") or [{}])[-1].get("command", ""),
@@ -52,8 +56,8 @@ def run_points(run: Path) -> tuple[list[dict], dict]:
 
 
 def fit(points: list[dict], key: str) -> tuple[float, float] | None:
-    """(a, b) of key = a + b ln(tokens) over the points past FIT_FROM, or None with fewer than 2 of them."""
-    pts = [(math.log(p["tokens"]), p[key]) for p in points if p["tokens"] >= FIT_FROM]
+    """(a, b) of key = a + b ln(tokens) over the schedules' end points past FIT_FROM, or None with fewer than 2."""
+    pts = [(math.log(p["tokens"]), p[key]) for p in points if p["tokens"] >= FIT_FROM and p.get("endpoint", True)]
     if len({x for x, _ in pts}) < 2:
         return None
     b, a = np.polyfit([x for x, _ in pts], [y for _, y in pts], 1)
@@ -69,16 +73,18 @@ def table(data: dict) -> str:
     out = ["# The draft head's learning curve", "",
            "Held-out row-0 top-1 and chain tau against anchor tokens seen, per training run (`scripts/learning_curve.py`"
            " writes this page, `docs/learning-curve.json` and `docs/learning-curve.svg`). Tokens count the head's whole "
-           "lineage; points marked * place an evaluation by its step. Runs compare only on the same held-out set.", "",
+           "lineage; points marked * place an evaluation by its step; the fit reads only the heads at the end of a "
+           "schedule (marked end). Runs compare only on the same held-out set.", "",
            "![learning curve](learning-curve.svg)", ""]
     for heldout, series in _by_heldout(data).items():
-        out += [f"## Held-out set `{heldout}`", "", "| run | step | tokens seen | row-0 top-1 | chain tau |",
-                "|---|---|---|---|---|"]
+        out += [f"## Held-out set `{heldout}`", "", "| run | step | tokens seen | row-0 top-1 | chain tau | |",
+                "|---|---|---|---|---|---|"]
         for s in series:
             for p in s["points"]:
                 star = "*" if p.get("estimated") else ""
+                end = "end" if p.get("endpoint", True) else ""
                 out.append(f"| {s['name']} | {p['step']} | {p['tokens']:,}{star} | {p['row0_top1']:.3f} | "
-                           f"{p['chain_tau']:.3f} |")
+                           f"{p['chain_tau']:.3f} | {end} |")
         pts = [p for s in series for p in s["points"]]
         for key in ("row0_top1", "chain_tau"):
             line = fit(pts, key)
@@ -86,7 +92,7 @@ def table(data: dict) -> str:
                 out.append(f"\nFit of {key}: fewer than two points past {FIT_FROM:,} tokens.")
                 continue
             a, b = line
-            text = f"\nFit of {key} (points past {FIT_FROM:,} tokens): {a:.3f} + {b:.4f} ln(tokens), " \
+            text = f"\nFit of {key} (schedules' ends past {FIT_FROM:,} tokens): {a:.3f} + {b:.4f} ln(tokens), " \
                    f"+{b * math.log(2):.3f} per doubling."
             if key in TARGETS:
                 need = tokens_for(line, TARGETS[key])
@@ -99,6 +105,8 @@ def table(data: dict) -> str:
                              f"AMX Xeon).")
             out.append(text)
         out.append("")
+    if data.get("notes"):           # what the numbers say, written by whoever ran the last run (the json's "notes")
+        out += ["## Reading it", "", *data["notes"], ""]
     return "\n".join(out)
 
 
