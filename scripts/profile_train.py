@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dart_core.setup.loading import load_target, stop_ids  # noqa: E402
-from dart_core.tools.train import training_records, unigram_counts  # noqa: E402
+from dart_core.tools.train import gather_records, unigram_counts  # noqa: E402
 from dart_core.training import trainer as trainer_mod  # noqa: E402
 from dart_core.training.data import cached_example, sequence_example  # noqa: E402
 from dart_core.training.trainer import Trainer, TrainConfig  # noqa: E402
@@ -110,7 +110,8 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     target = load_target(args.model, "cpu", args.target_dtype)
     need = args.steps * args.accumulate + 8
-    records = training_records(target.tokenizer, [], need * 2, 512, 0)[:need]
+    records, _ = gather_records(target.tokenizer, [], need * 2, 512, 0)
+    records = records[:need]
 
     def example(i):
         rec = records[8 + i]

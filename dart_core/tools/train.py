@@ -107,11 +107,6 @@ def cmd_train_data(args) -> int:
     return 0
 
 
-def training_records(tokenizer, responses: list[str], sharegpt: int, max_tokens: int, seed: int,
-                     code: int = 0) -> list[dict]:
-    return gather_records(tokenizer, responses, sharegpt, max_tokens, seed, code)[0]
-
-
 def gather_records(tokenizer, responses: list[str], sharegpt: int, max_tokens: int, seed: int, code: int = 0,
                    chats: list[str] = (), thinking: bool = False) -> tuple[list[dict], dict]:
     """Every training record, shuffled, and where they came from: {source: count} (chats files: their counts)."""
