@@ -30,7 +30,6 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 DATA, SVG, TABLE = DOCS / "learning-curve.json", DOCS / "learning-curve.svg", DOCS / "learning-curve.md"
 TARGETS = {"row0_top1": 0.50}                    # issue 21's held-out target
 FIT_FROM = 1_000_000                             # tokens: fit only the slow part of the curve
-ANCHOR_TOKENS_PER_S = 296                        # first-pass training throughput, AMX Xeon (docs/head-training.md)
 
 
 def run_points(run: Path) -> tuple[list[dict], dict]:
@@ -50,8 +49,11 @@ def run_points(run: Path) -> tuple[list[dict], dict]:
         points.append({"step": h["step"], "tokens": before + int(tokens), "estimated": not exact, "endpoint": ended,
                        "row0_top1": h["row_top1"][0], "chain_tau": h["chain_tau"],
                        "top3_tau_bound": h.get("top3_tau_bound")})
+    minutes = sum(s.get("minutes", 0.0) for s in state.get("sessions") or [])
     provenance = {"run": str(run), "command": (state.get("sessions") or [{}])[-1].get("command", ""),
-                  "starting_tokens": before, "steps": state["step"], "tokens_seen": state["tokens_seen"]}
+                  "starting_tokens": before, "steps": state["step"], "tokens_seen": state["tokens_seen"],
+                  "train_minutes": round(minutes, 1),
+                  "anchor_tokens_per_s": round(state["tokens_seen"] / (minutes * 60)) if minutes else None}
     return points, provenance
 
 
@@ -67,6 +69,14 @@ def fit(points: list[dict], key: str) -> tuple[float, float] | None:
 def tokens_for(line: tuple[float, float], value: float) -> float | None:
     a, b = line
     return math.exp((value - a) / b) if b > 0 else None
+
+
+def fastest_run(data: dict) -> dict | None:
+    """The series that trained fastest (anchor tokens per second over its sessions' wall time): the throughput the
+    hours a target needs are counted at. A run that shared the machine is slower, so the fastest is the nearest to a
+    quiet machine's rate."""
+    timed = [s for s in data["series"] if s.get("anchor_tokens_per_s")]
+    return max(timed, key=lambda s: s["anchor_tokens_per_s"], default=None)
 
 
 def table(data: dict) -> str:
@@ -99,10 +109,13 @@ def table(data: dict) -> str:
                 if need is None:
                     text += f" It does not rise: no token count reaches {TARGETS[key]}."
                 else:
-                    hours = need / ANCHOR_TOKENS_PER_S / 3600
-                    text += (f" It reaches {TARGETS[key]} at {need:,.0f} tokens (at least: the curve bends down), "
-                             f"{hours:,.0f} hours at {ANCHOR_TOKENS_PER_S} anchor tokens/s (a first pass on the 2-core "
-                             f"AMX Xeon).")
+                    text += f" It reaches {TARGETS[key]} at {need:,.0f} tokens (at least: the curve bends down)"
+                    fastest = fastest_run(data)
+                    if fastest:
+                        rate = fastest["anchor_tokens_per_s"]
+                        text += (f", {need / rate / 3600:,.0f} hours at {rate} anchor tokens/s (the fastest run "
+                                 f"here, {fastest['name']}: {fastest.get('cpu', 'its CPU unrecorded')})")
+                    text += "."
             out.append(text)
         out.append("")
     if data.get("notes"):           # what the numbers say, written by whoever ran the last run (the json's "notes")
@@ -177,13 +190,15 @@ def main(argv=None) -> int:
     add.add_argument("run", type=Path)
     add.add_argument("--name", required=True)
     add.add_argument("--heldout", required=True, help="a name for the run's held-out set")
+    add.add_argument("--cpu", default="", help="the machine the run trained on, as lscpu names it and its kind")
     sub.add_parser("draw", help="redraw the plot and the table")
     args = ap.parse_args(argv)
     data = json.loads(DATA.read_text()) if DATA.is_file() else {"series": []}
     if args.action == "add":
         points, provenance = run_points(args.run)
         data["series"] = [s for s in data["series"] if s["name"] != args.name]
-        data["series"].append({"name": args.name, "heldout": args.heldout, "points": points, **provenance})
+        data["series"].append({"name": args.name, "heldout": args.heldout, "points": points, **provenance,
+                               **({"cpu": args.cpu} if args.cpu else {})})
         DATA.write_text(json.dumps(data, indent=1) + "\n")
     SVG.write_text(svg(data))
     TABLE.write_text(table(data))
