@@ -1,10 +1,9 @@
 """The draft head's linears in int8, on CPUs whose quantized engine has int8 GEMMs.
 
 A drafting step reads every weight of the head once for a handful of rows (the K+1 drafted positions, a few
-committed ones), so it is bound by memory: SmolLM2's head reads 28 MB for its 12,288-token output layer alone.
-Weights quantized to int8 (torch's dynamic quantization: int8 weights, activations quantized on the fly) read a
-quarter of that. On the 2-core AVX2 EPYC the output layer took 0.66 ms for 6 rows against 3.3 ms packed in fp32,
-and a whole drafting step 5.8 ms against 9.5 ms, for the same tau (2.04 against 2.05 on six prompts).
+committed ones), so it is bound by memory, above all by the head's output layer. Weights quantized to int8 (torch's
+dynamic quantization: int8 weights, activations quantized on the fly) read a quarter of fp32's bytes, so a step can
+be much faster for about the same tau (measurements: docs/cpu-speed.md#measured-the-draft-head-in-int8).
 
 The draft only proposes: the target verifies every token exactly, so an int8 head changes which tokens are drafted
 and with what probabilities, never what is emitted (greedy or sampled, the acceptance uses the probabilities the

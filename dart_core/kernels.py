@@ -1,10 +1,9 @@
 """The target's decoder linears through the kernel measured fastest on this machine for the rows at hand.
 
-A verify forward has a few rows (the tree's nodes). On CPUs, torch's default GEMM is slow for 2-16 rows: on the
-2-core AMD EPYC (AVX2) a 576x1536 linear takes 81 us for 1 row and 160 us for 2, while oneDNN with the weight packed
-once takes 57 / 72 us, and a whole 8-token forward of SmolLM2-135M drops from 2.1 to 1.5 one-token forwards. Which
-kernel wins depends on the CPU, the shape, the dtype and the threads, so it is measured per machine (`measure_plan`,
-about 3 s for SmolLM2-135M on that EPYC) and cached by the set-up code.
+A verify forward has a few rows (the tree's nodes). On CPUs, torch's default GEMM is slow for 2-16 rows, and oneDNN
+with the weight packed once is often much faster (measurements: docs/cpu-speed.md#measured-kernels-for-few-rows).
+Which kernel wins depends on the CPU, the shape, the dtype and the threads, so it is measured per machine
+(`measure_plan`, a few seconds at the first load) and cached by the set-up code.
 
 The swap lives only inside `FastLinears.active()`, around the engine's own forwards: the transformers model is never
 modified, so `model.generate` stays an honest baseline. The price is one packed copy of each swapped weight
@@ -95,10 +94,9 @@ class KernelPlan:
 class PackedLinear:
     """One linear computed by oneDNN from a copy of its weight packed once (packed again if the weight changes).
 
-    On the 2-core EPYC this beats torch's default GEMM for few rows several times over, and beats
-    `torch.utils.mkldnn.MkldnnLinear` too: for SmolLM2's output layer (49,152 x 576, fp32) 3.8 / 3.8 / 5.1 / 6.6 ms
-    for 1 / 2 / 4 / 8 rows, against 4.0 / 7.7 / 9.0 / 9.6 ms (MkldnnLinear) and 7.7 / 18.9 / 17.1 / 17.6 ms (default).
-    The price is the packed copy in memory."""
+    For few rows it beats torch's default GEMM and `torch.utils.mkldnn.MkldnnLinear` alike, which is why the output
+    layers use it too (measurements: docs/cpu-speed.md#measured-kernels-for-few-rows). The price is the packed copy
+    in memory."""
 
     def __init__(self, linear: torch.nn.Linear, ops: PackOps = ONEDNN_OPS):
         self.linear, self.ops = linear, ops
@@ -224,8 +222,8 @@ class FastLinears:
         self.linears = [m for m in linears if self.plan.choices.get(shape_key(m))]
         self.packed = {id(m): packed_linear(m, hardware) for m in self.linears
                        if ONEDNN in plan.choices[shape_key(m)]}
-        # built once: entering `active()` for every forward only assigns them (building them there cost ~1 ms a
-        # forward on a 2-core CPU, 2% of a SmolLM2 verify)
+        # built once: entering `active()` for every forward only assigns them (building them there cost a visible
+        # share of a verify; measurements: docs/cpu-speed.md#measured-kernels-for-few-rows)
         self._forwards = [(m, types.MethodType(self._forward(m), m)) for m in self.linears]
 
     @property

@@ -10,11 +10,11 @@ from ..tree_search import SearchConfig
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 DEFAULT_HEAD = ASSETS / "smollm2-dart-head"
 DEFAULT_NGRAM = ASSETS / "smollm2-ngram3.npz"
-# On a CPU a verify forward grows with the tree (fp32: 61 nodes cost ~3.5 single-token steps), so the reference's
-# 60-node trees lose; 8 nodes won the sweep in docs/tree-sweep.md in both dtypes. Elsewhere: the reference's 60.
+# On a CPU a verify forward grows with the tree, so the reference's 60-node trees lose; 8 nodes won the tree-size
+# sweep (measurements: docs/cpu-speed.md#measured-the-fixed-cpu-defaults). Elsewhere: the reference's 60.
 CPU_NODE_BUDGET = 8
-# dart_pld's prompt-lookup branch: 5 copied tokens raised tau from 1.45 to 1.99 on HumanEval and 1.48 to 1.62 on
-# MT-bench (5 + 5 prompts, 64 tokens, fp32) for 1-3 more nodes a step; 10 gained little more for twice the nodes.
+# dart_pld's prompt-lookup branch: 5 copied tokens raised tau for a few more nodes a step, 10 gained little more
+# for twice the nodes (measurements: docs/cpu-speed.md#measured-the-fixed-cpu-defaults).
 LOOKUP_TOKENS = 5
 # With the automatic node budget the branch's length is chosen with it, up to this many tokens (0: no branch).
 LOOKUP_LONGEST = 10

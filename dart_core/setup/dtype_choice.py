@@ -1,17 +1,15 @@
 """The dtype: `--dtype auto` (the default) is lossless, `--dtype fast` is the fastest measured here.
 
 Lossless means DART's greedy output is token-identical to plain decoding. In bf16 and fp16 it is not, on CPUs and
-GPUs alike: a tree verified in one k-token forward rounds differently from k one-token forwards (on an AMX Xeon, bf16
-DART was identical to plain bf16 decoding on 91 of 244 prompts). So `auto` is fp32 everywhere, with that reason.
+GPUs alike: a tree verified in one k-token forward rounds differently from k one-token forwards, so many prompts
+diverge. So `auto` is fp32 everywhere, with that reason.
 
 `fast` measures. On a CPU, bf16 halves the bytes every forward reads, but only a CPU with native bf16 instructions
-(AVX-512 BF16, AMX) computes it fast; elsewhere torch converts on the fly. On the 2-core AVX2 EPYC the model's decoder
-linears took 19.6 ms in bf16 against 27.3 ms in fp32 for one row, and 124.9 against 34.1 ms for 8 rows: plain
-decoding would gain, a DART verify would lose. So the choice times one pass over the model's decoder linears in both
-dtypes, at one row (a plain step) and at eight (a verify), each on its fastest kernel here
-(`kernels.measure_dtypes`, under a second for SmolLM2-135M, cached per machine), and takes bf16 only where it wins
-both by BF16_MARGIN. On a GPU, bf16 where the GPU supports it, else fp16. The bench's default dtype list is fp32, plus
-bf16 where `fast` takes it.
+(AVX-512 BF16, AMX) computes it fast; elsewhere torch converts on the fly, and bf16 can win at one row (a plain step)
+yet lose at eight (a verify). So the choice times one pass over the model's decoder linears in both dtypes, at one
+row and at eight, each on its fastest kernel here (`kernels.measure_dtypes`, cached per machine), and takes bf16 only
+where it wins both by BF16_MARGIN (measurements: docs/cpu-speed.md#measured-the-dtype-choice). On a GPU, bf16 where
+the GPU supports it, else fp16. The bench's default dtype list is fp32, plus bf16 where `fast` takes it.
 """
 
 from __future__ import annotations
