@@ -157,8 +157,8 @@ class Callbacks:
             bits.append("prefill: the target read the prompt and chose the first token")
         else:
             bits.append(f"{len(step.tree) - 1 if step.tree else 0} draft nodes, {step.accepted} accepted")
-            if step.budget:
-                bits.append(html.escape(budget_text(step.budget)))
+            if step.budget is not None:
+                bits.append(html.escape(step.budget.text()))
             miss = figures.step_miss_of(trace, i)
             if miss is not None:
                 bits.append('<span class="miss">missed: ' + html.escape(miss.text(lambda t: token_text(trace, t)))
@@ -481,25 +481,6 @@ def _speed(value) -> float:
     except (TypeError, ValueError):
         return 1.0
     return value if value in SPEEDS else 1.0
-
-
-def budget_text(budget: dict) -> str:
-    """How the step's node budget was set, in words."""
-    if not budget.get("auto"):
-        return f"node budget {budget['nodes']} (fixed)"
-    fix = budget.get("curve")
-    if fix:   # the run's own verify times disagreed with the cost curve before this step
-        return (f"{budget_text({k: v for k, v in budget.items() if k != 'curve'})} · the cost curve was "
-                f"{fix['action']}: verifies took {fix['ratio']:.2f}× what it said")
-    choice = budget.get("choice")
-    if budget["nodes"] == 0:
-        return "plain decoding: no tree pays on this machine (automatic budget)"
-    if not choice:
-        return f"node budget {budget['nodes']} (automatic, still measuring)"
-    probe = " · a probe step" if choice["budget"] == 0 else ""
-    lookup = f", lookup branch {budget['lookup']}" if "lookup" in budget else ""
-    return (f"node budget {budget['nodes']}{lookup} (automatic: {choice['expected_tokens']:.2f} tokens per step "
-            f"expected, {choice['expected_tokens_per_s']:.1f} tok/s, from {choice['steps_seen']} steps{probe})")
 
 
 def _ensure(folder: Path) -> Path:

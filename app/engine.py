@@ -6,8 +6,6 @@ Everything per user lives in `app.session.Session` (in a `gr.State`), never here
 
 from __future__ import annotations
 
-import re
-
 import threading
 from dataclasses import dataclass, field
 
@@ -79,9 +77,8 @@ class Engine:
         """What is loaded, for the page header."""
         s = self.loaded
         choice = self.target.dtype_choice
-        why = re.split(r" \(|; ", choice["reason"].split(": ", 1)[1])[0] if choice else ""
-        dtype = f"{s.dtype} ({why})" if choice else s.dtype
-        head = f"{s.draft}, drafting in int8" if s.draft_choice and s.draft_choice["int8"] else s.draft
+        dtype = choice.text() if choice is not None else s.dtype
+        head = f"{s.draft}, drafting in int8" if s.draft_choice is not None and s.draft_choice.int8 else s.draft
         return (f"Model: {s.model} · draft head: {head} · n-gram: {s.ngram} · {dtype} · "
                 f"{self.target.hardware.describe()}")
 

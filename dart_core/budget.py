@@ -25,10 +25,12 @@ PROBE_EVERY steps that keeps measuring whether drafting pays again.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from .machine import CostCurve
+from .step_budget import BudgetChoice, CurveFix
 from .tree_search import Candidates
 
 MAX_BUDGET = 60          # the reference's tree size: the largest budget considered
@@ -42,29 +44,6 @@ PROBE_EVERY = 8          # while plain decoding is chosen, draft one step in thi
 PLAIN_MARGIN = 1.1
 CHECK_STEPS = 8          # verify steps whose measured times are held against the curve at once (their median)
 CURVE_TOLERANCE = 1.5    # measured / predicted beyond this (or below its inverse): the curve disagrees with the run
-
-
-@dataclass
-class BudgetChoice:
-    budget: int
-    lookup_tokens: int | None        # the prompt-lookup branch's length with it (0: none; None: not chosen)
-    expected_tokens: float           # per verify step, the bonus token included
-    expected_tokens_per_s: float
-    steps_seen: int                  # settled steps the estimate comes from
-    start_tokens_per_s: float        # the same estimate for the starting budget, for comparison
-    start: int
-    plain_tokens_per_s: float = 0.0  # plain decoding on the same cost curve: what budget 0 gives
-    best_drafting: int = 0           # the best budget above 0 (what a probe step uses)
-    overhead_s: float = 0.0          # mean drafting and search time per step
-    tokens_by_budget: list[float] = field(default_factory=list)   # expected tokens per step for budget 0, 1, ...
-    nodes_by_budget: list[float] = field(default_factory=list)    # expected tree nodes (the lookup branch's too)
-    # (both at the chosen branch length)
-
-    def to_dict(self) -> dict:
-        def r(v):
-            return [round(float(x), 3) for x in v] if isinstance(v, list) else round(float(v), 4) \
-                if isinstance(v, float) else v
-        return {k: r(v) for k, v in asdict(self).items()}
 
 
 @dataclass
@@ -142,7 +121,7 @@ class AutoBudget:
     search, then `lookup_tokens` is the branch length to graft; `remember` after the search, with the branch looked
     up at its longest."""
 
-    def __init__(self, curve, start: int, max_budget: int = MAX_BUDGET, remeasure=None,
+    def __init__(self, curve: CostCurve, start: int, max_budget: int = MAX_BUDGET, remeasure=None,
                  rechoose_every: int = RECHOOSE_EVERY):
         """remeasure: a function that measures the cost curve again (None: a disagreeing curve is only scaled);
         rechoose_every: verify steps between two choices (scripts/rechoose.py weighs it against one choice a run)."""
@@ -153,7 +132,7 @@ class AutoBudget:
         self.overhead, self._timed = 0.0, 0              # mean seconds of drafting and search per step
         self.pending: list[_Pending] = []
         self.budget, self.choice = self.start, None
-        self.choice_record: dict | None = None          # the choice as each step records it (made once per choice)
+        self.choice_record: BudgetChoice | None = None  # the choice as each step records it (made once per choice)
         self._since_choice = 0
         self.chooses_lookup = False
         self._learn([WHOLE])                             # the lookup branch (if any) is grafted whole
@@ -184,7 +163,7 @@ class AutoBudget:
         every = PROBE_EVERY if self.budget == 0 else self.rechoose_every
         if self.steps >= MIN_STEPS and (self.choice is None or self._since_choice >= every):
             self.choice, self._since_choice = self.best(), 0
-            self.choice_record, self.budget = self.choice.to_dict(), self.choice.budget
+            self.choice_record, self.budget = self.choice.recorded(), self.choice.budget
             self.lookup_tokens = int(self.lengths[0]) if self.choice.lookup_tokens is None else self.choice.lookup_tokens
             if self.budget == 0:
                 return self.choice.best_drafting   # the first plain step is a probe: measuring goes on
@@ -200,9 +179,9 @@ class AutoBudget:
         self.pending.append(_Pending(len(context) - 1, candidates.token, candidates.parent, pool_ranks(candidates),
                                      list(branch[:self.lengths[-1]]), int(candidates.level.max()) + 1))
 
-    def observe_verify(self, tokens: int, seconds: float) -> dict | None:
+    def observe_verify(self, tokens: int, seconds: float) -> CurveFix | None:
         """A verify of `tokens` tokens took `seconds`. Every CHECK_STEPS of them, the curve is checked; returns what
-        was done when it disagreed ({"ratio", "action": "re-measured" or "scaled", "curve"}), else None."""
+        was done when it disagreed, else None."""
         self._ratios.append(seconds / self.curve.time(tokens))
         if len(self._ratios) < CHECK_STEPS:
             return None
@@ -214,7 +193,7 @@ class AutoBudget:
         else:
             self.curve, action = self.curve.scaled(ratio), "scaled"
         self.choice = None            # choose again at the next step, on the new curve
-        return {"ratio": round(ratio, 3), "action": action, "curve": self.curve.to_dict()}
+        return CurveFix(round(ratio, 3), action, self.curve.recorded())   # as the step records it
 
     def _settle(self, context: list[int]) -> None:
         keep = []

@@ -174,7 +174,7 @@ def _settled_steps(trace: Trace, lookup: PromptLookupProposer | None) -> list[_S
 def _own_budget(trace: Trace, s: StepRecord) -> int:
     """The node budget the step's search ran with (a tree cut shorter by the context window keeps its size)."""
     search = trace.settings.search
-    budget = int((s.budget or {}).get("nodes", search.node_budget if search else len(s.tree) - 1))
+    budget = s.budget.nodes if s.budget is not None else search.node_budget if search else len(s.tree) - 1
     kept = int((s.candidates.fate == KEPT).sum())
     return kept if kept < min(budget, len(s.candidates)) else budget
 
@@ -184,9 +184,9 @@ def _own_branch(trace: Trace, s: StepRecord, context: list[int], lookup: PromptL
     read from the tree's lookup nodes when no lookup is given."""
     if trace.settings.lookup_tokens is None and not s.lookup_nodes:
         return []
-    if lookup is not None:   # an automatic budget grafted the first budget["lookup"] tokens of it
+    if lookup is not None:   # an automatic budget grafted the first budget.lookup tokens of it
         branch = lookup.lookup(context)
-        return branch[:s.budget["lookup"]] if s.budget and "lookup" in s.budget else branch
+        return branch[:s.budget.lookup] if s.budget is not None and s.budget.lookup is not None else branch
     return [s.tree.tokens[n] for n in s.tree.path_to(max(s.lookup_nodes))[1:]] if s.lookup_nodes else []
 
 
@@ -230,7 +230,7 @@ def lookup_effects(trace: Trace, max_ngram: int, lengths=KNOB_VALUES[LOOKUP_KNOB
     the run's own branch (fixed, or chosen per step by the automatic budget). Exact for greedy runs: the branch
     depends on the context alone (prompt lookup with `max_ngram`)."""
     own = trace.settings.lookup_tokens or 0         # with an automatic budget: the longest, cut per step
-    chosen = any(s.budget and "lookup" in s.budget for s in trace.steps)
+    chosen = any(s.budget is not None and s.budget.lookup is not None for s in trace.steps)
     lengths = [n for n in lengths if chosen or n != own]
     probes = {n: PromptLookupProposer(max_ngram=max_ngram, num_tokens=n) for n in {own, *lengths} if n}
     steps = _settled_steps(trace, probes.get(own))

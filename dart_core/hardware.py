@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 
 import torch
@@ -46,6 +46,13 @@ class Hardware:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Hardware":
+        """As to_dict wrote it, in any version (fields added since take their defaults)."""
+        names = {f.name for f in fields(cls)}
+        known = {k: v for k, v in d.items() if k in names}
+        return cls(**{**known, "stand_ins": tuple(known.get("stand_ins") or ())})
 
     def without(self, *capabilities: str) -> "Hardware":
         """This machine with some capabilities turned off (for tests and for comparing kernel paths)."""

@@ -49,7 +49,7 @@ class Metrics:
             self.accepted_hist.append(0)
         self.accepted_hist[step.accepted] += 1
         if step.budget:
-            key = str(step.budget["nodes"])
+            key = str(step.budget.nodes)
             self.node_budgets[key] = self.node_budgets.get(key, 0) + 1
 
     def merge(self, other: "Metrics") -> None:

@@ -24,6 +24,7 @@ from .errors import ConfigError
 from .kernels import onednn_applies, packed_linear
 from .methods import DART, DART_PLD, PLD, VANILLA
 from .ngram import NGramModel
+from .step_budget import CurveFix, StepBudget
 from .tree import TokenTree
 from .tree_search import Candidates, SearchConfig, search
 
@@ -36,7 +37,7 @@ class Proposal:
     candidates: Candidates | None = None    # every candidate the tree search considered
     lookup_nodes: list[int] | None = None   # tree nodes added by a prompt-lookup branch (DART + lookup)
     search_time: float = 0.0                # seconds of propose() spent in the tree search (the rest is drafting)
-    budget: dict | None = None              # DART: the node budget used, and how an automatic one was chosen
+    budget: StepBudget | None = None        # DART: the node budget used, and how an automatic one was chosen
 
 
 class Proposer:
@@ -163,7 +164,7 @@ class DartProposer(Proposer):
         self.lookup = lookup
         if lookup is not None:
             self.name = DART_PLD
-        self._curve_event: dict | None = None    # the cost curve's last correction, for the next step's record
+        self._curve_event: CurveFix | None = None   # the cost curve's last correction, for the next step's record
 
     def observe(self, tokens, verify_seconds):
         if self.auto_budget is not None:
@@ -182,12 +183,10 @@ class DartProposer(Proposer):
         config, budget = self.search_config, None
         if self.auto_budget is not None:
             chosen = self.auto_budget.budget_for(context)
-            choice = self.auto_budget.choice_record
-            budget = {"nodes": chosen, "auto": True, **({"choice": choice} if choice else {})}
-            if self._curve_event is not None:
-                budget["curve"], self._curve_event = self._curve_event, None
-            if self.lookup is not None and self.auto_budget.chooses_lookup:
-                budget["lookup"] = self.auto_budget.lookup_tokens
+            length = self.auto_budget.lookup_tokens if self.lookup is not None and self.auto_budget.chooses_lookup \
+                else None
+            budget = StepBudget(chosen, True, self.auto_budget.choice_record, self._curve_event, length)
+            self._curve_event = None
             if chosen == 0:   # plain decoding pays best here: no draft, no search; the head catches up later
                 self._unread = new_features if self._unread is None else torch.cat([self._unread, new_features])
                 return Proposal(TokenTree([context[-1]], [-1]), budget=budget)
@@ -209,10 +208,10 @@ class DartProposer(Proposer):
         tree, lookup_nodes, branch = result.tree, None, []
         if self.lookup is not None:
             branch = self.lookup.lookup(context)   # the longest: the automatic budget learns every length from it
-            used = branch[:budget["lookup"]] if budget and "lookup" in budget else branch
+            used = branch[:budget.lookup] if budget is not None and budget.lookup is not None else branch
             tree, lookup_nodes = tree.with_branch(used, max_nodes - (len(tree) - 1))
         t2 = time.perf_counter()
         if self.auto_budget is not None:
             self.auto_budget.remember(context, result.candidates, branch, t2 - t0)
         return Proposal(tree, rows_tokens, rows_probs, result.candidates, lookup_nodes, t2 - t1,
-                        budget or {"nodes": config.node_budget, "auto": False})
+                        budget or StepBudget(config.node_budget))

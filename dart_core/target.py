@@ -13,6 +13,7 @@ from transformers import DynamicCache
 
 from .hardware import Hardware, detect
 from .kernels import FastLinears, KernelPlan, PackedLinear, decoder_linears, onednn_applies, packed_linear
+from .machine import DtypeChoice
 from .tree import TokenTree
 
 
@@ -39,7 +40,7 @@ class TargetModel:
         self.vocab_size = int(self.lm_head.weight.shape[0])
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 1 << 30)
         self.hardware = hardware or detect(str(self.device))
-        self.dtype_choice: dict | None = None   # set where the dtype was chosen by measurement (--dtype auto)
+        self.dtype_choice: DtypeChoice | None = None   # set where the dtype was chosen (--dtype auto or fast)
         self.output_head = _onednn_output_head(self)
         self.fast_linears: FastLinears | None = None
 

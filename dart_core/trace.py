@@ -19,7 +19,9 @@ import numpy as np
 
 from .acceptance import SamplingConfig
 from .errors import DartError
+from .machine import MachineRecord
 from .methods import DART, DART_PLD, METHODS
+from .step_budget import StepBudget
 from .tree import TokenTree
 from .tree_search import BEAM_STATES, FATES, KEPT, Candidates, SearchConfig
 
@@ -57,7 +59,7 @@ class RunSettings:
     lookup_tokens: int | None = None    # dart_pld: the length of the prompt-lookup branch
     ngram_context_weight: float = 0.0
     auto_budget: bool = False           # DART: the node budget chosen as the run goes (search.node_budget: the start)
-    machine: dict | None = None         # where it ran: {"hardware": Hardware.to_dict(), "cost_curve": CostCurve...}
+    machine: MachineRecord | None = None   # where it ran: the hardware, the dtype, the cost curve, ...
     own_time_s: float | None = None     # the app's lane time: its own steps only (lanes take turns on one CPU)
     top_candidates: int | None = None   # set when the file keeps only the best N candidates of each step
 
@@ -65,6 +67,7 @@ class RunSettings:
         d = asdict(self)
         d["sampling"] = self.sampling.to_dict()
         d["search"] = None if self.search is None else self.search.to_dict()
+        d["machine"] = None if self.machine is None else self.machine.to_dict()
         return d
 
     @classmethod
@@ -76,6 +79,7 @@ class RunSettings:
         out["sampling"] = SamplingConfig.from_dict(data.get("sampling") or {})
         out["search"] = SearchConfig.from_dict(data["search"]) if isinstance(data.get("search"), dict) else None
         out["stop_ids"] = [int(t) for t in data.get("stop_ids") or []]
+        out["machine"] = MachineRecord.from_dict(data["machine"]) if isinstance(data.get("machine"), dict) else None
         if out.get("own_time_s") is None and isinstance(data.get("lane_time_s"), (int, float)):
             out["own_time_s"] = float(data["lane_time_s"])   # format 1's name for it
         return cls(**out)
@@ -95,7 +99,7 @@ class StepRecord:
     rows_probs: np.ndarray | None = None
     candidates: Candidates | None = None
     lookup_nodes: list[int] = field(default_factory=list)  # tree nodes from a prompt-lookup branch (dart_pld)
-    budget: dict | None = None       # DART: {"nodes", "auto"} and, for an automatic budget, the "choice" behind it
+    budget: StepBudget | None = None  # DART: the node budget, and how an automatic one was chosen
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase (see PHASES, plus "prefill")
     elapsed: float = 0.0             # seconds since the generation started, at the end of this step
     stop_reason: str | None = None   # set on the last step: "stop_token", "max_new_tokens", "context_full"
@@ -122,7 +126,8 @@ class StepRecord:
             "rows_tokens": None if self.rows_tokens is None else pack(self.rows_tokens, "<i4"),
             "rows_probs": None if self.rows_probs is None else pack(self.rows_probs, "<f4"),
             "candidates": None if cand is None else pack_candidates(cand, search),
-            "lookup_nodes": list(self.lookup_nodes), "budget": self.budget,
+            "lookup_nodes": list(self.lookup_nodes),
+            "budget": None if self.budget is None else self.budget.to_dict(),
             "timings": {k: round(v, 6) for k, v in self.timings.items()}, "elapsed": round(self.elapsed, 6),
             "stop_reason": self.stop_reason,
         }
@@ -140,7 +145,7 @@ class StepRecord:
             rows_tokens=None if d.get("rows_tokens") is None else arrays(d["rows_tokens"]).astype(np.int64),
             rows_probs=None if d.get("rows_probs") is None else arrays(d["rows_probs"]).astype(np.float64),
             candidates=cand or None, lookup_nodes=[int(i) for i in d.get("lookup_nodes", [])],
-            budget=d.get("budget"),
+            budget=StepBudget.from_dict(d["budget"]) if d.get("budget") else None,
             timings={k: float(v) for k, v in d.get("timings", {}).items()}, elapsed=float(d.get("elapsed", 0.0)),
             stop_reason=d.get("stop_reason"))
 

@@ -27,9 +27,9 @@ import numpy as np
 
 from dart_core.budget import MAX_BUDGET, accepted_by_budget, pool_ranks
 from dart_core.decoding import GenerationConfig, run
+from dart_core.machine import CostCurve
 from dart_core.ngram import NGramModel
 from dart_core.proposers import PromptLookupProposer
-from dart_core.setup.calibration import CostCurve
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.datasets import iter_sharegpt
 from dart_core.setup.defaults import CPU_NODE_BUDGET, cache_root
@@ -87,9 +87,8 @@ def _steps(trace: Trace):
 
 def _cost_curve(trace: Trace) -> CostCurve:
     """The trace's cost curve, else this machine's newest calibrated one (a fixed-budget run records none)."""
-    recorded = (trace.settings.machine or {}).get("cost_curve")
-    if recorded:
-        return CostCurve.from_dict(recorded)
+    if trace.settings.machine is not None and trace.settings.machine.cost_curve is not None:
+        return trace.settings.machine.cost_curve
     files = sorted((cache_root() / "calibration").glob("cost-*.json"), key=lambda f: f.stat().st_mtime)
     if not files:
         sys.exit("no cost curve: run `python -m dart_core generate --prompt hi` once to calibrate this machine")

@@ -425,9 +425,9 @@ def test_an_automatic_budget_runs_and_draws_the_cost_on_this_machine(engine, tmp
     run_all(cb, session, run_request("hello there", max_new_tokens=40, auto_budget=True))
     dart, plain = session.lanes["dart"].trace, session.lanes["vanilla"].trace
     assert dart.output_ids == plain.output_ids                                     # still lossless
-    assert dart.settings.auto_budget and dart.settings.machine["cost_curve"]["rows"][0] == 1
-    assert all(s.budget["auto"] for s in dart.steps[1:])
-    chosen = [s.budget["choice"]["budget"] for s in dart.steps[1:] if s.budget.get("choice")]
+    assert dart.settings.auto_budget and dart.settings.machine.cost_curve.rows[0] == 1
+    assert all(s.budget.auto for s in dart.steps[1:])
+    chosen = [s.budget.choice.budget for s in dart.steps[1:] if s.budget.choice is not None]
     assert chosen, "no budget was chosen in 40 tokens"
     fig = cb.charts(session, "dart")["chart_cost"]
     names = [t.name for t in fig.data]
@@ -436,8 +436,8 @@ def test_an_automatic_budget_runs_and_draws_the_cost_on_this_machine(engine, tmp
     assert list(fig.data[3].x) == [chosen[-1]]                                    # the chosen budget, marked
     assert "threads" in fig.layout.title.text                                      # which machine it was
     # the step line says how each budget was set
-    drafted = [s.index for s in dart.steps[1:] if s.budget["nodes"] and s.budget.get("choice")]
-    plain = [s.index for s in dart.steps[1:] if s.budget["nodes"] == 0]
+    drafted = [s.index for s in dart.steps[1:] if s.budget.nodes and s.budget.choice is not None]
+    plain = [s.index for s in dart.steps[1:] if s.budget.nodes == 0]
     assert drafted, "no drafted step after a choice"
     assert "tokens per step expected" in cb.step_view(session, "dart", drafted[-1])["step_info"]
     for i in plain[:1]:   # the random head does not pay on most machines: plain decoding, said plainly

@@ -8,7 +8,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from app.callbacks import budget_text
 from dart_core.budget import CHECK_STEPS, PLAIN_MARGIN, AutoBudget
 from dart_core.decoding import GenerationConfig, run
 from dart_core.forensics import lookup_effects
@@ -16,7 +15,8 @@ from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer
 from dart_core.methods import DART_PLD
-from dart_core.setup.calibration import CostCurve, measure_cost_curve, monotone_fit
+from dart_core.machine import CostCurve, MachineRecord
+from dart_core.setup.calibration import measure_cost_curve, monotone_fit
 from dart_core.setup.defaults import LOOKUP_LONGEST, LOOKUP_TOKENS
 from dart_core.setup import loading
 from dart_core.setup.loading import DraftSettings, Loaded
@@ -142,11 +142,11 @@ def test_decoding_with_an_automatic_budget_is_lossless_and_records_its_choice():
                 trace = run(target, dart, p, GenerationConfig(max_new_tokens=24))
                 assert trace.output_ids == plain_greedy_reference(target, p, 24)
                 budgets = [s.budget for s in trace.steps[1:]]
-                assert all(b["auto"] and b["nodes"] <= 20 for b in budgets)
-                assert all(len(s.tree) - 1 <= s.budget["nodes"] + len(s.lookup_nodes) for s in trace.steps[1:])
+                assert all(b.auto and b.nodes <= 20 for b in budgets)
+                assert all(len(s.tree) - 1 <= s.budget.nodes + len(s.lookup_nodes) for s in trace.steps[1:])
                 used = Metrics.from_steps(trace.steps).node_budgets      # what the bench and --json report
                 assert sum(used.values()) == len(trace.steps) - 1
-                assert used == {str(n): [b["nodes"] for b in budgets].count(n) for n in {b["nodes"] for b in budgets}}
+                assert used == {str(n): [b.nodes for b in budgets].count(n) for n in {b.nodes for b in budgets}}
             assert dart.auto_budget.steps > 0 and dart.auto_budget.choice is not None
     # with the oracle's perfect chains and nodes that cost little, the choice leaves the starting budget for the
     # oracle's 3-token chains
@@ -154,7 +154,7 @@ def test_decoding_with_an_automatic_budget_is_lossless_and_records_its_choice():
     oracle = DartProposer(OracleDrafter(target, n_rows=3), SearchConfig(topk=5, beam_width=3, node_budget=6),
                           auto_budget=AutoBudget(cheap, start=6, max_budget=20))
     trace = run(target, oracle, prompts[0], GenerationConfig(max_new_tokens=24))
-    assert trace.steps[-1].budget["nodes"] == 3 and trace.steps[-1].budget["choice"]["expected_tokens"] > 3.5
+    assert trace.steps[-1].budget.nodes == 3 and trace.steps[-1].budget.choice.expected_tokens > 3.5
 
 
 def test_where_drafting_does_not_pay_dart_decodes_plainly_and_keeps_probing():
@@ -166,15 +166,15 @@ def test_where_drafting_does_not_pay_dart_decodes_plainly_and_keeps_probing():
                         auto_budget=AutoBudget(costly, start=6, max_budget=20))
     trace = run(target, dart, prompt, GenerationConfig(max_new_tokens=60))
     assert trace.output_ids == plain_greedy_reference(target, prompt, 60)
-    nodes = [s.budget["nodes"] for s in trace.steps[1:]]
+    nodes = [s.budget.nodes for s in trace.steps[1:]]
     plain = [i for i, n in enumerate(nodes) if n == 0]
     assert len(plain) > len(nodes) // 2                                   # mostly plain decoding
     assert all(len(trace.steps[1 + i].tree) == 1 and trace.steps[1 + i].candidates is None for i in plain)
     probes = [n for n in nodes[plain[0]:] if n > 0]
     assert probes and len(probes) <= len(nodes[plain[0]:]) // 8 + 1      # one drafted step in PROBE_EVERY
-    choice = trace.steps[-1].budget["choice"]
-    assert choice["budget"] == 0 and choice["best_drafting"] > 0
-    assert choice["start_tokens_per_s"] < choice["plain_tokens_per_s"] == choice["expected_tokens_per_s"]
+    choice = trace.steps[-1].budget.choice
+    assert choice.budget == 0 and choice.best_drafting > 0
+    assert choice.start_tokens_per_s < choice.plain_tokens_per_s == choice.expected_tokens_per_s
 
 
 def test_dart_pld_chooses_its_branch_length_as_it_goes_and_stays_lossless(monkeypatch):
@@ -191,19 +191,19 @@ def test_dart_pld_chooses_its_branch_length_as_it_goes_and_stays_lossless(monkey
                 settings=RunSettings(search=dart.search_config, lookup_tokens=LOOKUP_LONGEST, auto_budget=True))
     assert trace.output_ids == plain_greedy_reference(target, prompt, 40)
     steps = [s for s in trace.steps[1:] if s.candidates is not None]
-    assert all(0 <= s.budget["lookup"] <= LOOKUP_LONGEST for s in steps)
+    assert all(0 <= s.budget.lookup <= LOOKUP_LONGEST for s in steps)
     for s in steps:   # each tree grafted the branch's first budget["lookup"] tokens, no more
-        branch = dart.lookup.lookup(trace.context_at(s.index))[:s.budget["lookup"]]
+        branch = dart.lookup.lookup(trace.context_at(s.index))[:s.budget.lookup]
         assert all(s.tree.tokens[n] in branch for n in s.lookup_nodes)
-    last = trace.steps[-1].budget["choice"]
-    assert last["lookup_tokens"] == auto.lookup_tokens and last["lookup_tokens"] > 0   # the branch pays here
+    last = trace.steps[-1].budget.choice
+    assert last.lookup_tokens == auto.lookup_tokens and last.lookup_tokens > 0   # the branch pays here
     # the forensics read each step's own branch back: a fixed branch's effect is against the run's own acceptance
     effects = {e.value: e for e in lookup_effects(trace, max_ngram=3, lengths=(0, LOOKUP_LONGEST))}
     for n in (0, LOOKUP_LONGEST):
         again = 0
         for s in steps:
             tree = search(s.rows_tokens, s.rows_probs, trace.context_at(s.index),
-                          replace(dart.search_config, node_budget=s.budget["nodes"])).tree
+                          replace(dart.search_config, node_budget=s.budget.nodes)).tree
             tree, _ = tree.with_branch(dart.lookup.lookup(trace.context_at(s.index))[:n], n)
             again += len(tree.follow(trace.output_ids[sum(len(x.new_tokens) for x in trace.steps[:s.index]):])[0]) - 1
         assert effects[n].extra_tokens == again - sum(s.accepted for s in steps), n
@@ -232,10 +232,10 @@ def test_a_curve_the_run_disagrees_with_is_measured_again_then_scaled():
     assert events == [None] * CHECK_STEPS and not calls
     events = [auto.observe_verify(4, 0.04) for _ in range(CHECK_STEPS)]    # 4x slower than the curve says
     assert events[:-1] == [None] * (CHECK_STEPS - 1) and calls == [1]
-    assert events[-1]["action"] == "re-measured" and events[-1]["ratio"] == pytest.approx(4.0)
+    assert events[-1].action == "re-measured" and events[-1].ratio == pytest.approx(4.0)
     assert auto.curve.seconds == (0.02, 0.02)
     last = [auto.observe_verify(4, 0.04) for _ in range(CHECK_STEPS)][-1]   # still 2x: measured once, then scaled
-    assert calls == [1] and last["action"] == "scaled" and auto.curve.time(4) == pytest.approx(0.04)
+    assert calls == [1] and last.action == "scaled" and auto.curve.time(4) == pytest.approx(0.04)
     assert [auto.observe_verify(4, 0.04) for _ in range(CHECK_STEPS)] == [None] * CHECK_STEPS   # agrees now
 
 
@@ -247,12 +247,12 @@ def test_decoding_corrects_a_wrong_curve_and_stays_lossless():
     dart = DartProposer(OracleDrafter(target, n_rows=3), SearchConfig(node_budget=6), auto_budget=auto)
     trace = run(target, dart, prompt, GenerationConfig(max_new_tokens=128))
     assert trace.output_ids == plain_greedy_reference(target, prompt, 128)
-    fixes = [s.budget["curve"] for s in trace.steps[1:] if s.budget.get("curve")]
-    assert [f["action"] for f in fixes][:2] == ["re-measured", "scaled"] and fixes[0]["ratio"] < 0.01
+    fixes = [s.budget.curve for s in trace.steps[1:] if s.budget.curve is not None]
+    assert [f.action for f in fixes][:2] == ["re-measured", "scaled"] and fixes[0].ratio < 0.01
     assert auto.curve.time(1) < 1.0                                            # scaled to what the run measured
-    trace.settings.machine = {"cost_curve": wrong.to_dict(), "summary": "a CPU"}
+    trace.settings.machine = MachineRecord(summary="a CPU", cost_curve=wrong)
     fig = cost_figure(trace)                                                   # the chart draws the corrected one
     assert "scaled: the run measured" in fig.data[0].name
     assert fig.data[0].y[0] == pytest.approx(1.0) and fig.data[0].y[-1] == pytest.approx(1.0)
-    fixed = next(s for s in trace.steps[1:] if s.budget.get("curve"))
-    assert "the cost curve was re-measured: verifies took" in budget_text(fixed.budget)
+    fixed = next(s for s in trace.steps[1:] if s.budget.curve is not None)
+    assert "the cost curve was re-measured: verifies took" in fixed.budget.text()

@@ -14,6 +14,7 @@ from dart_core.draft_kernels import int8_copy, int8_supported
 from dart_core.errors import ConfigError
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup import calibration
+from dart_core.machine import DraftKernelChoice
 from dart_core.setup.calibration import draft_int8_choice
 from dart_core.target import TargetModel
 from dart_core.tree_search import SearchConfig
@@ -91,19 +92,19 @@ def test_int8_runs_only_where_it_can(target):
 def test_auto_takes_int8_only_where_it_measures_faster(target, tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     head = random_head(target, n_mask=3)
-    assert draft_int8_choice(head, target, "off") == {"int8": False, "reason": "off (--draft-int8 off)"}
+    assert draft_int8_choice(head, target, "off") == DraftKernelChoice(False, "off (--draft-int8 off)")
     with pytest.raises(ConfigError, match="auto, on or off"):
         draft_int8_choice(head, target, "maybe")
     if int8_supported(target.hardware, head) is not None:
         with pytest.raises(ConfigError, match="--draft-int8 on"):
             draft_int8_choice(head, target, "on")
-        assert draft_int8_choice(head, target, "auto")["int8"] is False
+        assert draft_int8_choice(head, target, "auto").int8 is False
         return
-    assert draft_int8_choice(head, target, "on")["int8"] is True
+    assert draft_int8_choice(head, target, "on").int8 is True
     times = iter([0.010, 0.004])     # fp32, then int8: int8 wins
     monkeypatch.setattr(calibration, "time_head", lambda h, output=None: next(times))
     choice = draft_int8_choice(head, target, "auto")
-    assert choice["int8"] and choice["reason"].startswith("int8: faster here, a drafting step 4.0 ms in int8")
+    assert choice.int8 and choice.reason.startswith("int8: faster here, a drafting step 4.0 ms in int8")
     assert draft_int8_choice(head, target, "auto") == choice                 # cached: measured once
     times = iter([0.010, 0.0095])    # measured again: int8 barely faster, not enough
-    assert draft_int8_choice(head, target, "auto", recalibrate=True)["int8"] is False
+    assert draft_int8_choice(head, target, "auto", recalibrate=True).int8 is False

@@ -71,13 +71,13 @@ def test_fast_loads_the_measured_dtype_and_auto_the_lossless_one(measured, tmp_p
     fast = times((1.0, 2.0), (0.5, 1.0)) if measured == "bf16" else times((1.0, 2.0), (0.5, 5.0))
     monkeypatch.setattr(dtype_choice, "measure_dtypes", lambda linears, hardware: fast)
     target = load_target(str(folder), "cpu", "fast")
-    assert dtype_name(target.dtype) == measured and target.dtype_choice["dtype"] == measured
+    assert dtype_name(target.dtype) == measured and target.dtype_choice.dtype == measured
     assert all(p.dtype == target.dtype for p in target.model.parameters())
-    assert machine_record(target, str(folder))["dtype_choice"]["reason"].startswith(measured)
+    assert machine_record(target, str(folder)).dtype_choice.reason.startswith(measured)
     prompt = [1, 5, 9, 13, 17, 5, 9]
     assert load_target(str(folder), "cpu", "fp32").dtype_choice is None     # an explicit dtype is not second-guessed
     lossless = load_target(str(folder), "cpu", "auto")                      # whatever was measured: fp32
-    assert dtype_name(lossless.dtype) == "fp32" and "token-identical" in lossless.dtype_choice["reason"]
+    assert dtype_name(lossless.dtype) == "fp32" and "token-identical" in lossless.dtype_choice.reason
     plain = run(lossless, VanillaProposer(), prompt, GenerationConfig(max_new_tokens=16)).output_ids
     dart = run(lossless, DartProposer(OracleDrafter(lossless, n_rows=3), SearchConfig(node_budget=6)), prompt,
                GenerationConfig(max_new_tokens=16)).output_ids
@@ -96,7 +96,7 @@ def test_fast_and_bf16_load_measure_and_decode_with_the_gated_kernels(dtype, cap
     target = load_target(str(folder), "cpu", dtype, hardware=capable)
     assert target.hardware == capable and dtype_name(target.dtype) in ("fp32", "bf16")
     if dtype == "fast":
-        assert set(target.dtype_choice["seconds"]) == {"float32", "bfloat16"}
+        assert set(target.dtype_choice.seconds) == {"fp32", "bf16"}   # one spelling
     else:
         assert target.fast_linears is not None and target.fast_linears.plan.timings   # measured in bf16
     prompt = [1, 5, 9, 13, 17, 5, 9]

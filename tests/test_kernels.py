@@ -14,7 +14,8 @@ from dart_core.kernels import DEFAULT, ONEDNN, ONEDNN_OPS, ROW_BUCKETS, STAND_IN
     available_kernels, decoder_linears, measure_plan, pack_ops, shape_key
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup import calibration
-from dart_core.setup.calibration import CostCurve, measure_cost_curve
+from dart_core.machine import CostCurve
+from dart_core.setup.calibration import measure_cost_curve
 from dart_core.kernels import onednn_applies
 from dart_core.target import TargetModel
 from dart_core.tree_search import SearchConfig

@@ -49,16 +49,16 @@ def test_cli_traces_record_one_vocabulary_and_typed_settings(cli_traces):
         s = trace.settings
         assert s.model == "default" and s.stop_ids and s.max_new_tokens == 24
         # --dtype auto, the default: the dtype measured fastest here, with its reason
-        assert s.dtype == s.machine["dtype_choice"]["dtype"] and s.machine["dtype_choice"]["reason"]
+        assert s.dtype == s.machine.dtype == s.machine.dtype_choice.dtype and s.machine.dtype_choice.reason
         assert (s.search is not None) == uses_head(method) and (s.draft is not None) == uses_head(method)
         assert s.auto_budget == uses_head(method)             # the default: a budget sized to this machine
         # dart_pld looks its branch up at the longest and grafts the length chosen with the budget
         assert (s.lookup_tokens == LOOKUP_LONGEST) == (method == "dart_pld")
         if uses_head(method):
-            assert all(step.budget["auto"] and 0 <= step.budget["nodes"] <= 60 for step in trace.steps[1:])
-            assert all((0 <= step.budget.get("lookup", -1) <= LOOKUP_LONGEST) == (method == "dart_pld")
-                       for step in trace.steps[1:])
-            assert s.machine["draft_kernels"]["reason"]
+            assert all(step.budget.auto and 0 <= step.budget.nodes <= 60 for step in trace.steps[1:])
+            assert all((step.budget.lookup is not None and 0 <= step.budget.lookup <= LOOKUP_LONGEST)
+                       == (method == "dart_pld") for step in trace.steps[1:])
+            assert s.machine.draft_kernels.reason
         assert all(t in trace.token_text for t in trace.mentioned_tokens())   # replayable with no tokenizer
         outputs[method] = trace.output_ids
     assert len({tuple(o) for o in outputs.values()}) == 1                    # greedy: all lossless
@@ -82,7 +82,7 @@ def test_every_cli_trace_replays_in_the_app(method, cli_traces):
     if uses_head(method):       # what-if with the step's own knobs rebuilds the recorded trees (greedy replay)
         search = lane.trace.settings.search
         for step in [s for s in lane.trace.steps[1:] if s.rows_tokens is not None]:   # budget 0: nothing drafted
-            wi = cb.what_if(session, lane.key, step.index, step.budget["nodes"], search.beam_width, search.topk,
+            wi = cb.what_if(session, lane.key, step.index, step.budget.nodes, search.beam_width, search.topk,
                             search.ngram_weight, search.level_exponent, search.logit_decay)
             assert "recorded greedy output" in wi["wi_info"]
             assert f"Recorded</b>: {len(step.tree) - 1} nodes, {step.accepted} accepted" in wi["wi_info"]

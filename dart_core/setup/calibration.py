@@ -11,7 +11,6 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,60 +21,16 @@ from ..draft_kernels import int8_copy, int8_supported, time_head
 from ..errors import ConfigError
 from ..hardware import Hardware
 from ..kernels import KernelPlan, decoder_linears, measure_plan, onednn_applies, packed_linear, shape_key
+from ..machine import CURVE_CONTEXT, CostCurve, DraftKernelChoice, MachineRecord, dtype_spelling
 from ..target import TargetModel
 from ..tree import TokenTree
 from .defaults import cache_root
 from .files import write_atomic
 
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # verify sizes (tree nodes + root) measured
-CURVE_CONTEXT = 256        # tokens in the cache when the curve is measured: a typical prompt plus some output
 CURVE_ROUNDS = 3           # timed passes over every size, interleaved (a slow moment hits all sizes alike); median
 CURVE_FIT = "median3+isotonic"   # how the cached curve was made: a curve made another way is measured again
 FORMAT = "dart-lab-calibration/1"
-
-
-@dataclass
-class CostCurve:
-    """t(k): seconds of one verify forward of k tokens on this machine, for the loaded model, dtype and threads.
-    `seconds` is the fit (never decreasing in k: a larger tree never costs less), `measured` the medians it was
-    fitted to (for the cost chart; None for a curve given by hand)."""
-    rows: tuple[int, ...]
-    seconds: tuple[float, ...]
-    context: int = CURVE_CONTEXT
-    measured: tuple[float, ...] | None = None
-
-    def time(self, k: int) -> float:
-        """t(k), linear between the measured sizes (and beyond the largest, along its last segment)."""
-        return float(self.times(k))
-
-    def times(self, k) -> np.ndarray:
-        """`time` over an array of sizes at once (the automatic budget weighs hundreds of trees per choice)."""
-        k = np.asarray(k, dtype=np.float64)
-        rows, secs = np.asarray(self.rows, dtype=np.float64), np.asarray(self.seconds)
-        inside = np.interp(k, rows, secs)
-        slope = (secs[-1] - secs[-2]) / (rows[-1] - rows[-2])
-        return np.where(k > rows[-1], secs[-1] + slope * (k - rows[-1]), inside)
-
-    def relative(self, k: int) -> float:
-        """t(k) / t(1): what a verify of k tokens costs in one-token forwards."""
-        return self.time(k) / self.seconds[0]
-
-    def scaled(self, factor: float) -> "CostCurve":
-        """The same shape, every time multiplied by `factor` (what a run measured against what the curve said)."""
-        measured = None if self.measured is None else tuple(m * factor for m in self.measured)
-        return CostCurve(self.rows, tuple(s * factor for s in self.seconds), self.context, measured)
-
-    def to_dict(self) -> dict:
-        d = {"rows": list(self.rows), "seconds": [round(s, 6) for s in self.seconds], "context": self.context}
-        if self.measured is not None:
-            d["measured"] = [round(s, 6) for s in self.measured]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "CostCurve":
-        measured = tuple(float(s) for s in d["measured"]) if d.get("measured") else None
-        return cls(tuple(int(r) for r in d["rows"]), tuple(float(s) for s in d["seconds"]), int(d["context"]),
-                   measured)
 
 
 def monotone_fit(seconds) -> tuple[float, ...]:
@@ -166,33 +121,34 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
                    "the verify cost curve")
 
 
-def machine_record(target: TargetModel, model_name: str, with_curve: bool = False) -> dict:
-    """Where a run ran, as traces and the bench report record it: the hardware, the kernels in use, and (with_curve)
-    the verify cost curve measured on it."""
-    return {"hardware": target.hardware.to_dict(), "summary": target.hardware.describe(),
-            "kernels": target.fast_linears.summary() if target.fast_linears is not None else None,
-            "dtype": str(target.dtype).removeprefix("torch."), "dtype_choice": target.dtype_choice,
-            "cost_curve": cost_curve(target, model_name).to_dict() if with_curve else None}
+def machine_record(target: TargetModel, model_name: str, with_curve: bool = False,
+                   draft_kernels: DraftKernelChoice | None = None) -> MachineRecord:
+    """Where a run ran, as traces and the bench report record it: the hardware, the kernels in use, (with_curve)
+    the verify cost curve measured on it, and (draft_kernels) how DART's head drafts there."""
+    return MachineRecord(target.hardware, target.hardware.describe(),
+                         target.fast_linears.summary() if target.fast_linears is not None else None,
+                         dtype_spelling(target.dtype), target.dtype_choice,
+                         cost_curve(target, model_name) if with_curve else None, draft_kernels)
 
 
 INT8_MARGIN = 0.9      # an int8 draft head must take at most this share of the fp32 head's time
 
 
-def draft_int8_choice(head, target: TargetModel, mode: str = "auto", recalibrate: bool = False) -> dict:
+def draft_int8_choice(head, target: TargetModel, mode: str = "auto", recalibrate: bool = False) -> DraftKernelChoice:
     """Whether DART drafts with an int8 copy of `head` here (dart_core.draft_kernels): 'on', 'off', or 'auto' (where
-    it measures faster: one drafting step of each, cached per machine and head shapes). Returns {"int8", "reason"}
-    and, when measured, "seconds" {"fp32", "int8"}."""
+    it measures faster: one drafting step of each, cached per machine and head shapes), and why; when measured,
+    with the seconds of each."""
     if mode not in ("auto", "on", "off"):
         raise ConfigError(f"--draft-int8 takes auto, on or off, got {mode!r}")
     if mode == "off":
-        return {"int8": False, "reason": "off (--draft-int8 off)"}
+        return DraftKernelChoice(False, "off (--draft-int8 off)")
     why = int8_supported(target.hardware, head)
     if why is not None:
         if mode == "on":
             raise ConfigError(f"--draft-int8 on: {why}")
-        return {"int8": False, "reason": why}
+        return DraftKernelChoice(False, why)
     if mode == "on":
-        return {"int8": True, "reason": "on (--draft-int8 on)"}
+        return DraftKernelChoice(True, "on (--draft-int8 on)")
     c, hw = head.config, target.hardware
     name = _file_name("draft", hw, [c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim,
                                      c.out_vocab, c.n_mask, head.lm_head is None])
@@ -204,6 +160,6 @@ def draft_int8_choice(head, target: TargetModel, mode: str = "auto", recalibrate
     def read(seconds):
         faster = seconds["int8"] <= INT8_MARGIN * seconds["fp32"]
         said = f"a drafting step {seconds['int8'] * 1e3:.1f} ms in int8, {seconds['fp32'] * 1e3:.1f} ms in fp32"
-        return {"int8": faster, "reason": ("int8: faster here, " if faster else "fp32: int8 is not faster here, ")
-                + said, "seconds": seconds}
+        return DraftKernelChoice(faster, ("int8: faster here, " if faster else "fp32: int8 is not faster here, ")
+                                 + said, seconds)
     return cached(name, recalibrate, measure, read, lambda seconds: seconds, "the draft head's kernels")

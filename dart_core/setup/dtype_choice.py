@@ -14,27 +14,16 @@ the GPU supports it, else fp16. The bench's default dtype list is fp32, plus bf1
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import torch
 
 from ..hardware import Hardware
 from ..kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
+from ..machine import DtypeChoice
 from .calibration import cached, model_key
 
 AUTO, FAST = "auto", "fast"
 LOSSLESS = "fp32"        # the one dtype in which a k-token verify rounds as k one-token forwards do
 BF16_MARGIN = 0.9        # bf16 must take at most this share of fp32's time, at every row count measured
-
-
-@dataclass
-class DtypeChoice:
-    dtype: str                                 # "fp32", "bf16" or "fp16"
-    reason: str                                # one line, for --json, the bench report and the app's header
-    seconds: dict[str, list[float]] | None = None   # per dtype, one pass over the decoder linears at DTYPE_ROWS
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def decide(seconds: dict[str, list[float]]) -> DtypeChoice:
@@ -43,9 +32,10 @@ def decide(seconds: dict[str, list[float]]) -> DtypeChoice:
     ratios = [b / f for b, f in zip(bf16, fp32)]
     said = ", ".join(f"{r} row{'s' if r > 1 else ''} {b * 1e3:.1f} vs {f * 1e3:.1f} ms"
                      for r, b, f in zip(DTYPE_ROWS, bf16, fp32))
+    detail = f" (decoder linears, bf16 vs fp32: {said})"
     if all(r <= BF16_MARGIN for r in ratios):
-        return DtypeChoice("bf16", f"bf16: faster than fp32 here (decoder linears, bf16 vs fp32: {said})", seconds)
-    return DtypeChoice("fp32", f"fp32: bf16 is not faster here (decoder linears, bf16 vs fp32: {said})", seconds)
+        return DtypeChoice.because("bf16", "faster than fp32 here", detail, seconds)
+    return DtypeChoice.because("fp32", "bf16 is not faster here", detail, seconds)
 
 
 def choose_cpu_dtype(model, hardware: Hardware, recalibrate: bool = False) -> DtypeChoice:
@@ -56,13 +46,13 @@ def choose_cpu_dtype(model, hardware: Hardware, recalibrate: bool = False) -> Dt
 
 
 def lossless_choice() -> DtypeChoice:
-    return DtypeChoice(LOSSLESS, "fp32: the dtype in which DART's greedy output is token-identical to plain decoding "
-                                 "(in bf16 a k-token verify rounds differently from k one-token forwards); --dtype "
-                                 "fast takes the fastest measured here")
+    return DtypeChoice.because(LOSSLESS, "the dtype in which DART's greedy output is token-identical to plain decoding",
+                               " (in bf16 a k-token verify rounds differently from k one-token forwards); --dtype fast "
+                               "takes the fastest measured here")
 
 
 def choose_gpu_dtype(device: str) -> DtypeChoice:
     index = torch.device(device).index or 0
     if torch.cuda.is_bf16_supported():
-        return DtypeChoice("bf16", f"bf16: native on {torch.cuda.get_device_name(index)}")
-    return DtypeChoice("fp16", f"fp16: {torch.cuda.get_device_name(index)} has no bf16")
+        return DtypeChoice.because("bf16", f"native on {torch.cuda.get_device_name(index)}")
+    return DtypeChoice.because("fp16", f"{torch.cuda.get_device_name(index)} has no bf16")

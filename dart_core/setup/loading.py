@@ -19,6 +19,7 @@ from ..context_ngram import ContextNGram
 from ..errors import DartError
 from ..hardware import Hardware, detect
 from ..head_formats import load_head
+from ..machine import DraftKernelChoice
 from ..methods import DART_PLD, METHODS, PLD, VANILLA, uses_head
 from ..ngram import NGramModel
 from ..ngram_trie import read_trie
@@ -56,7 +57,7 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
         choice = choose_cpu_dtype(hf_model, hardware or detect(device), recalibrate)
         hf_model.to(parse_dtype(choice.dtype))
     target = TargetModel(hf_model, tokenizer, hardware)
-    target.dtype_choice = choice.to_dict() if choice else None
+    target.dtype_choice = choice
     target.use_kernels(kernel_plan(target, recalibrate))
     return target
 
@@ -185,7 +186,7 @@ class Loaded:
         return stop_ids(self.target)
 
     @cached_property
-    def draft_choice(self) -> dict | None:
+    def draft_choice(self) -> DraftKernelChoice | None:
         """Whether the head drafts in int8 here, and why (None without a head)."""
         return draft_int8_choice(self.head, self.target, self.draft_int8) if self.head is not None else None
 
@@ -212,7 +213,7 @@ class Loaded:
                 budget.choose_lookup(range(LOOKUP_LONGEST + 1), start=LOOKUP_TOKENS)
             lookup = PromptLookupProposer(max_ngram=settings.pld_ngram,
                                           num_tokens=looked_up_tokens(method, settings.lookup_tokens, auto))
-        drafter = HeadDrafter(self.head, self.target, int8=self.draft_choice["int8"])
+        drafter = HeadDrafter(self.head, self.target, int8=self.draft_choice.int8)
         return DartProposer(drafter, settings.search, table, eos_ids=self.stop_ids, lookup=lookup, auto_budget=budget)
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt_text: str, sampling: SamplingConfig,
@@ -226,8 +227,7 @@ class Loaded:
             max_new_tokens=max_new_tokens, stop_ids=sorted(self.stop_ids),
             lookup_tokens=looked_up_tokens(method, settings.lookup_tokens, auto),
             ngram_context_weight=settings.context_weight if head else 0.0, auto_budget=auto,
-            machine={**machine_record(self.target, self.model, with_curve=auto),
-                     **({"draft_kernels": self.draft_choice} if head else {})})
+            machine=machine_record(self.target, self.model, auto, self.draft_choice if head else None))
         trace = Trace(method=method, prompt_ids=list(prompt_ids), prompt_text=prompt_text, settings=run)
         trace.name_tokens(self.target.tokenizer, prompt_ids)
         return trace

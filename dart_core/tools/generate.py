@@ -72,8 +72,9 @@ def cmd_generate(args) -> int:
     result = {"method": args.method, "token_ids": trace.output_ids, "text": text, "steps": metrics.verify_steps,
               "tau": round(metrics.tau, 4), "tokens_per_s": round(metrics.tokens_per_s, 3),
               "stop_reason": trace.steps[-1].stop_reason, "metrics": figures,
-              "hardware": target.hardware.to_dict(), "dtype": loaded.dtype, "dtype_choice": target.dtype_choice,
-              "draft_kernels": loaded.draft_choice,
+              "hardware": target.hardware.to_dict(), "dtype": loaded.dtype,
+              "dtype_choice": target.dtype_choice.to_dict() if target.dtype_choice else None,
+              "draft_kernels": loaded.draft_choice.to_dict() if loaded.draft_choice else None,
               "kernels": target.fast_linears.summary() if target.fast_linears else None,
               "node_budget": budget_summary(trace, figures["node_budgets"])}
     if args.json:
@@ -90,8 +91,8 @@ def budget_summary(trace, used: dict[str, int]) -> dict | None:
     budgets = [s.budget for s in trace.steps if s.budget]
     if not budgets:
         return None
-    choice = next((b["choice"] for b in reversed(budgets) if b.get("choice")), None)
-    lookups = [b["lookup"] for b in budgets if "lookup" in b]
-    return {"auto": bool(budgets[-1].get("auto")), "start": budgets[0]["nodes"], "used": used,
+    choice = next((b.choice for b in reversed(budgets) if b.choice is not None), None)
+    lookups = [b.lookup for b in budgets if b.lookup is not None]
+    return {"auto": budgets[-1].auto, "start": budgets[0].nodes, "used": used,
             **({"lookup_used": {str(n): lookups.count(n) for n in sorted(set(lookups))}} if lookups else {}),
-            "last_choice": choice}
+            "last_choice": None if choice is None else choice.to_dict()}

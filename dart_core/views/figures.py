@@ -23,7 +23,6 @@ from dart_core.forensics import BEYOND, REASON_TEXT, KnobEffect, Miss, RunForens
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import PromptLookupProposer
-from dart_core.setup.calibration import CostCurve
 from dart_core.setup.defaults import LOOKUP_TOKENS, PLD_NGRAM
 from dart_core.trace import PHASES, Trace
 from dart_core.tree import TokenTree
@@ -485,16 +484,17 @@ def cost_figure(trace: Trace | None) -> go.Figure:
     one-token forwards (t(k)/t(1), measured), and the speedup over plain decoding each node budget is expected to
     give with the acceptance this run measured; the budget the run chose is marked."""
     machine = trace.settings.machine if trace is not None else None
-    curve = CostCurve.from_dict(machine["cost_curve"]) if machine and machine.get("cost_curve") else None
+    curve = machine.cost_curve if machine is not None else None
     if curve is None:
         return message_figure("Run DART with an automatic node budget to see what trees cost on this machine.")
     # the run may have corrected the curve against its own verify times (dart_core.budget): the last one counts
-    fix = next((s.budget["curve"] for s in reversed(trace.steps) if s.budget and s.budget.get("curve")), None)
+    budgets = [s.budget for s in reversed(trace.steps) if s.budget is not None]
+    fix = next((b.curve for b in budgets if b.curve is not None), None)
     if fix is not None:
-        curve = CostCurve.from_dict(fix["curve"])
-    choice = next((s.budget["choice"] for s in reversed(trace.steps) if s.budget and s.budget.get("choice")), None)
+        curve = fix.curve
+    choice = next((b.choice for b in budgets if b.choice is not None), None)
     ks = list(range(1, curve.rows[-1] + 1))
-    name = "verify cost t(1+n) / t(1), fitted" + (f" ({fix['action']}: the run measured {fix['ratio']:.2f}×)"
+    name = "verify cost t(1+n) / t(1), fitted" + (f" ({fix.action}: the run measured {fix.ratio:.2f}×)"
                                                    if fix else "")
     fig = go.Figure(go.Scatter(x=[k - 1 for k in ks], y=[curve.relative(k) for k in ks], mode="lines",
                                name=name, line={"color": "#4fc3f7"},
@@ -506,19 +506,19 @@ def cost_figure(trace: Trace | None) -> go.Figure:
                                  name="measured (median)", marker={"color": "#0277bd", "size": 7},
                                  hovertemplate="%{x} draft nodes: measured %{y:.2f} one-token forwards"
                                                "<extra></extra>"))
-    if choice and choice.get("tokens_by_budget"):
-        t1, overhead = curve.seconds[0], choice.get("overhead_s", 0.0)
-        budgets = list(range(1, len(choice["tokens_by_budget"])))
-        speedup = [choice["tokens_by_budget"][b] * t1 / (overhead + curve.time(1 + choice["nodes_by_budget"][b]))
+    if choice is not None and choice.tokens_by_budget:
+        t1, overhead = curve.seconds[0], choice.overhead_s
+        budgets = list(range(1, len(choice.tokens_by_budget)))
+        speedup = [choice.tokens_by_budget[b] * t1 / (overhead + curve.time(1 + choice.nodes_by_budget[b]))
                    for b in budgets]
         fig.add_trace(go.Scatter(x=budgets, y=speedup, mode="lines", name="expected speedup over plain decoding",
                                  line={"color": "#ef6c00"},
                                  hovertemplate="node budget %{x}: expected %{y:.2f}× plain decoding<extra></extra>"))
-        b = choice["budget"]   # 0: plain decoding won (no drafting), its speedup over itself is 1
+        b = choice.budget   # 0: plain decoding won (no drafting), its speedup over itself is 1
         fig.add_trace(go.Scatter(x=[b], y=[speedup[b - 1] if b else 1.0], mode="markers+text", name="chosen budget",
                                  text=[f"chosen: {b}" if b else "chosen: plain decoding"],
                                  textposition="top center", marker={"color": "#2e7d32", "size": 12}))
-    hardware = plotly_escape(machine.get("summary", ""))
+    hardware = plotly_escape(machine.summary)
     fig.update_layout(title={"text": f"Cost on this machine<br><sup>{hardware}</sup>", "x": 0.01},
                       xaxis={"title": "draft nodes (node budget)"}, yaxis={"title": "× one-token forward"},
                       height=320, margin={"l": 10, "r": 10, "t": 60, "b": 40},

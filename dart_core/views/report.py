@@ -125,8 +125,8 @@ def _meta(trace: Trace) -> str:
     sampling = "greedy" if s.sampling.greedy else (f"temperature {s.sampling.temperature}, top-p {s.sampling.top_p}, "
                                                   f"top-k {s.sampling.top_k}, seed {s.sampling.seed}")
     bits = [f"model {s.model or '?'}" + (f" ({s.dtype})" if s.dtype else ""), sampling]
-    if s.machine and s.machine.get("summary"):
-        bits.append(str(s.machine["summary"]))
+    if s.machine is not None and s.machine.summary:
+        bits.append(s.machine.summary)
     return (f'<p class="meta">{html.escape(" · ".join(bits))}</p>'
             f'<p><b>Prompt</b></p><pre class="lane-text">{html.escape(trace.prompt_text)}</pre>')
 
@@ -158,7 +158,7 @@ def _charts(lanes: dict[str, Trace]) -> str:
     charts = [figures.accepted_length_figure(lanes), figures.acceptance_by_position_figure(lanes),
               *(figures.time_split_figure(t, k) for k, t in lanes.items())]
     machine = lanes[DART].settings.machine if DART in lanes else None
-    if machine and machine.get("cost_curve"):   # only automatic budgets measure it
+    if machine is not None and machine.cost_curve is not None:   # only automatic budgets measure it
         charts.append(figures.cost_figure(lanes[DART]))
     return "\n".join(_figure(f) for f in charts)
 

@@ -64,10 +64,9 @@ def decode_dtype(plan: BenchPlan, dtype: str, progress: Progress, runs_file: Run
     stops = loaded.stop_ids
     settings = plan.draft_settings()   # each DART method gets its own automatic budget: it learns its own acceptance
     proposers = {m: loaded.proposer(m, settings) for m in plan.methods if not is_hf(m)}
-    machine = machine_record(target, plan.model, plan.auto_budget)
-    if loaded.draft_choice is not None:   # how DART drafted here (the choice is measured once per machine and cached)
-        machine["draft_kernels"] = "int8" if loaded.draft_choice["int8"] else "fp32"
-    progress.environment.setdefault("machine", {})[dtype] = machine
+    # with how DART drafted here (the choice is measured once per machine and cached)
+    machine = machine_record(target, plan.model, plan.auto_budget, loaded.draft_choice)
+    progress.environment.setdefault("machine", {})[dtype] = machine.to_dict()
     progress.prompts = fitting_prompts(plan, target, progress.prompts, runs_file)
     progress.environment.setdefault("target", {"vocab_size": target.vocab_size, "layers": target.num_layers,
                                                "hidden_size": target.hidden_size, "stop_ids": sorted(stops)})

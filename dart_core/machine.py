@@ -1,0 +1,178 @@
+"""Where a run ran and what was chosen there, as records: the verify cost curve t(k), the dtype and the draft head's
+kernels chosen on the machine, and the machine record that traces and the bench report keep.
+
+Each record owns its fields, its file form (`to_dict` / `from_dict`, which also reads what older versions wrote)
+and its one line (`text()`). The set-up code measures and caches them (dart_core.setup.calibration,
+dart_core.setup.dtype_choice); the engine, the views and the tools only read them.
+
+A dtype has one spelling in every record, the command line's: fp32, bf16, fp16 (older files wrote torch's names,
+float32 and bfloat16, in the machine record and the dtype choice's timings; they are read as these).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .hardware import Hardware
+
+# torch's name of each dtype -> the one spelling records use
+DTYPE_SPELLING = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+CURVE_CONTEXT = 256        # tokens in the cache when the cost curve is measured: a typical prompt plus some output
+
+
+def dtype_spelling(dtype) -> str:
+    """fp32, bf16 or fp16, for a torch dtype or any spelling of one ("torch.float32", "float32", "fp32")."""
+    name = str(dtype).removeprefix("torch.")
+    return DTYPE_SPELLING.get(name, name)
+
+
+@dataclass
+class CostCurve:
+    """t(k): seconds of one verify forward of k tokens on this machine, for the loaded model, dtype and threads.
+    `seconds` is the fit (never decreasing in k: a larger tree never costs less), `measured` the medians it was
+    fitted to (for the cost chart; None for a curve given by hand)."""
+    rows: tuple[int, ...]
+    seconds: tuple[float, ...]
+    context: int = CURVE_CONTEXT
+    measured: tuple[float, ...] | None = None
+
+    def time(self, k: int) -> float:
+        """t(k), linear between the measured sizes (and beyond the largest, along its last segment)."""
+        return float(self.times(k))
+
+    def times(self, k) -> np.ndarray:
+        """`time` over an array of sizes at once (the automatic budget weighs hundreds of trees per choice)."""
+        k = np.asarray(k, dtype=np.float64)
+        rows, secs = np.asarray(self.rows, dtype=np.float64), np.asarray(self.seconds)
+        inside = np.interp(k, rows, secs)
+        slope = (secs[-1] - secs[-2]) / (rows[-1] - rows[-2])
+        return np.where(k > rows[-1], secs[-1] + slope * (k - rows[-1]), inside)
+
+    def relative(self, k: int) -> float:
+        """t(k) / t(1): what a verify of k tokens costs in one-token forwards."""
+        return self.time(k) / self.seconds[0]
+
+    def scaled(self, factor: float) -> "CostCurve":
+        """The same shape, every time multiplied by `factor` (what a run measured against what the curve said)."""
+        measured = None if self.measured is None else tuple(m * factor for m in self.measured)
+        return CostCurve(self.rows, tuple(s * factor for s in self.seconds), self.context, measured)
+
+    def text(self) -> str:
+        """'t(1) 31.0 ms, t(64) 112.0 ms (3.61x)'."""
+        k = self.rows[-1]
+        return f"t(1) {self.seconds[0] * 1e3:.1f} ms, t({k}) {self.time(k) * 1e3:.1f} ms ({self.relative(k):.2f}x)"
+
+    def to_dict(self) -> dict:
+        d = {"rows": list(self.rows), "seconds": [round(s, 6) for s in self.seconds], "context": self.context}
+        if self.measured is not None:
+            d["measured"] = [round(s, 6) for s in self.measured]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostCurve":
+        measured = tuple(float(s) for s in d["measured"]) if d.get("measured") else None   # absent in older files
+        return cls(tuple(int(r) for r in d["rows"]), tuple(float(s) for s in d["seconds"]), int(d["context"]),
+                   measured)
+
+    def recorded(self) -> "CostCurve":
+        """The curve as a file holds it (its times rounded): what a replay of the run reads back."""
+        return CostCurve.from_dict(self.to_dict())
+
+
+@dataclass
+class DtypeChoice:
+    """The dtype chosen for the target (dart_core.setup.dtype_choice), and why."""
+    dtype: str                                 # "fp32", "bf16" or "fp16"
+    reason: str                                # one line, for --json, the bench report and the app's header
+    seconds: dict[str, list[float]] | None = None   # per dtype, one pass over the decoder linears at DTYPE_ROWS
+    why: str = ""                              # the reason's gist, without the dtype and the measurements
+
+    @classmethod
+    def because(cls, dtype: str, why: str, detail: str = "", seconds: dict | None = None) -> "DtypeChoice":
+        """The choice of `dtype` for the reason `why` (`detail`: what follows it in the reason, measurements)."""
+        if seconds is not None:
+            seconds = {dtype_spelling(k): list(v) for k, v in seconds.items()}
+        return cls(dtype, f"{dtype}: {why}{detail}", seconds, why)
+
+    def text(self) -> str:
+        """'fp32 (bf16 is not faster here)': the dtype and its gist, for the app's header."""
+        return f"{self.dtype} ({self.why})"
+
+    def to_dict(self) -> dict:
+        return {"dtype": self.dtype, "reason": self.reason, "seconds": self.seconds, "why": self.why}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DtypeChoice":
+        dtype, reason = dtype_spelling(d["dtype"]), str(d["reason"])
+        seconds = {dtype_spelling(k): [float(s) for s in v] for k, v in d["seconds"].items()} \
+            if d.get("seconds") else None
+        # older files have no gist: the reason after its dtype stands for it
+        return cls(dtype, reason, seconds, str(d.get("why") or reason.removeprefix(f"{dtype}: ")))
+
+
+@dataclass
+class DraftKernelChoice:
+    """Whether DART drafts with an int8 copy of the head on this machine (dart_core.draft_kernels), and why."""
+    int8: bool
+    reason: str
+    seconds: dict[str, float] | None = None   # when measured: one drafting step in each, {"fp32", "int8"}
+
+    @property
+    def kernels(self) -> str:
+        return "int8" if self.int8 else "fp32"
+
+    def text(self) -> str:
+        return self.reason
+
+    def to_dict(self) -> dict:
+        d = {"int8": self.int8, "reason": self.reason}
+        if self.seconds is not None:
+            d["seconds"] = dict(self.seconds)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict | str) -> "DraftKernelChoice":
+        if isinstance(d, str):   # bench reports before this record wrote the kernels alone, "int8" or "fp32"
+            return cls(d == "int8", d)
+        seconds = {k: float(v) for k, v in d["seconds"].items()} if d.get("seconds") else None
+        return cls(bool(d["int8"]), str(d["reason"]), seconds)
+
+
+@dataclass
+class MachineRecord:
+    """Where a run ran, as traces and the bench report record it: the hardware (and its one line as it was
+    described then), the kernels in use, the dtype and why, the verify cost curve (runs with an automatic budget),
+    and how DART's head drafted (runs with a head)."""
+    hardware: Hardware = field(default_factory=Hardware)
+    summary: str = ""                          # the hardware in one line (Hardware.describe())
+    kernels: dict | None = None                # the decoder linears' kernels (FastLinears.summary()); None: torch's
+    dtype: str = "fp32"
+    dtype_choice: DtypeChoice | None = None    # where the dtype was chosen (--dtype auto or fast)
+    cost_curve: CostCurve | None = None
+    draft_kernels: DraftKernelChoice | None = None
+
+    def text(self) -> str:
+        """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · drafting in int8'."""
+        drafting = f" · drafting in {self.draft_kernels.kernels}" if self.draft_kernels is not None else ""
+        return f"{self.summary or self.hardware.describe()} · {self.dtype}{drafting}"
+
+    def to_dict(self) -> dict:
+        d = {"hardware": self.hardware.to_dict(), "summary": self.summary, "kernels": self.kernels,
+             "dtype": self.dtype, "dtype_choice": None if self.dtype_choice is None else self.dtype_choice.to_dict(),
+             "cost_curve": None if self.cost_curve is None else self.cost_curve.to_dict()}
+        if self.draft_kernels is not None:
+            d["draft_kernels"] = self.draft_kernels.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MachineRecord":
+        """Lenient, as traces of every version wrote it: a missing part is None (or this record's default)."""
+        return cls(
+            hardware=Hardware.from_dict(d["hardware"]) if d.get("hardware") else Hardware(),
+            summary=str(d.get("summary") or ""), kernels=d.get("kernels"),
+            dtype=dtype_spelling(d.get("dtype") or "fp32"),
+            dtype_choice=DtypeChoice.from_dict(d["dtype_choice"]) if d.get("dtype_choice") else None,
+            cost_curve=CostCurve.from_dict(d["cost_curve"]) if d.get("cost_curve") else None,
+            draft_kernels=DraftKernelChoice.from_dict(d["draft_kernels"]) if d.get("draft_kernels") else None)

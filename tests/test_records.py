@@ -1,0 +1,121 @@
+"""The records that cross the layers: each a dataclass whose file form reads back to itself, reads what older
+versions wrote, and has one line of text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dart_core.hardware import Hardware
+from dart_core.machine import CostCurve, DraftKernelChoice, DtypeChoice, MachineRecord, dtype_spelling
+from dart_core.setup.dtype_choice import decide, lossless_choice
+from dart_core.step_budget import BudgetChoice, CurveFix, StepBudget
+from dart_core.trace import RunSettings, StepRecord
+
+CURVE = CostCurve((1, 8, 64), (0.02, 0.03, 0.1), 256, (0.021, 0.029, 0.1))
+CHOICE = BudgetChoice(6, 5, 2.4567891, 61.23456789, 12, 40.1, 8, plain_tokens_per_s=50.0, best_drafting=6,
+                      overhead_s=0.0043219, tokens_by_budget=[1.0, 1.23456, 2.0], nodes_by_budget=[0.0, 1.0, 2.5])
+
+
+def through_json(record):
+    """to_dict, written and read as a file is, then from_dict."""
+    return type(record).from_dict(json.loads(json.dumps(record.to_dict())))
+
+
+def test_a_step_budget_reads_back_what_it_wrote():
+    fix = CurveFix(0.39, "scaled", CURVE)
+    budget = StepBudget(6, True, CHOICE.recorded(), fix, lookup=5)
+    assert through_json(budget) == budget and list(budget.to_dict()) == ["nodes", "auto", "choice", "curve", "lookup"]
+    assert StepBudget(4).to_dict() == {"nodes": 4, "auto": False}                        # a fixed budget, as ever
+    # the choice is recorded with its estimates rounded as the file keeps them, so a replay reads what a run saw
+    assert CHOICE.recorded().expected_tokens == 2.4568 and CHOICE.recorded().tokens_by_budget == [1.0, 1.235, 2.0]
+    assert through_json(CHOICE.recorded()) == CHOICE.recorded()
+
+
+def test_a_step_budget_of_the_first_automatic_budgets_still_reads():
+    # what the first automatic budget wrote: no branch length, no plain rate, no per-budget estimates
+    old = {"nodes": 8, "auto": True, "choice": {"budget": 8, "expected_tokens": 2.1, "expected_tokens_per_s": 30.5,
+                                                  "steps_seen": 4, "start_tokens_per_s": 28.0, "start": 8}}
+    budget = StepBudget.from_dict(old)
+    assert budget.choice.lookup_tokens is None and budget.choice.tokens_by_budget == [] and budget.lookup is None
+    assert budget.curve is None and budget.choice.plain_tokens_per_s == 0.0
+    assert budget.text() == "node budget 8 (automatic: 2.10 tokens per step expected, 30.5 tok/s, from 4 steps)"
+
+
+@pytest.mark.parametrize("budget, text", [
+    (StepBudget(4), "node budget 4 (fixed)"),
+    (StepBudget(4, True), "node budget 4 (automatic, still measuring)"),
+    (StepBudget(0, True, CHOICE), "plain decoding: no tree pays on this machine (automatic budget)"),
+    (StepBudget(6, True, CHOICE, lookup=5), "node budget 6, lookup branch 5 (automatic: 2.46 tokens per step "
+                                            "expected, 61.2 tok/s, from 12 steps)"),
+    (StepBudget(6, True, BudgetChoice(0, None, 1.0, 50.0, 12, 40.0, 8)),
+     "node budget 6 (automatic: 1.00 tokens per step expected, 50.0 tok/s, from 12 steps · a probe step)"),
+    (StepBudget(4, True, None, CurveFix(2.5, "re-measured", CURVE)),
+     "node budget 4 (automatic, still measuring) · the cost curve was re-measured: verifies took 2.50× what it said"),
+])
+def test_a_step_budget_says_how_it_was_set_in_one_line(budget, text):
+    assert budget.text() == text
+
+
+def test_a_step_record_keeps_its_budget_through_the_file():
+    step = StepRecord(3, "verify", 10, [5, 6], accepted=1, budget=StepBudget(6, True, CHOICE.recorded(), lookup=2))
+    d = json.loads(json.dumps(step.to_dict()))
+    assert d["budget"]["lookup"] == 2 and StepRecord.from_dict(d).budget == step.budget
+    assert StepRecord.from_dict({**d, "budget": None}).budget is None
+
+
+OLD_MACHINE = {   # a trace's machine record before it was a dataclass: torch's dtype names, an older Hardware
+    "hardware": {"device": "cpu", "name": "Some CPU", "capability": "AVX2", "threads": 2, "onednn": True,
+                 "onednn_bf16": False, "onednn_fp16": False, "mkl": True, "stand_ins": []},
+    "summary": "Some CPU · AVX2 · 2 threads · bf16 kernels: no", "kernels": None, "dtype": "float32",
+    "dtype_choice": {"dtype": "fp32", "reason": "fp32: bf16 is not faster here (decoder linears, ...)",
+                     "seconds": {"float32": [0.0273, 0.0341], "bfloat16": [0.0196, 0.1249]}},
+    "cost_curve": {"rows": [1, 64], "seconds": [0.01, 0.05], "context": 256},
+    "draft_kernels": {"int8": True, "reason": "int8: faster here, a drafting step 5.8 ms in int8, 9.5 ms in fp32",
+                      "seconds": {"fp32": 0.0095, "int8": 0.0058}}}
+
+
+def test_an_old_machine_record_reads_with_one_spelling_of_the_dtype():
+    m = MachineRecord.from_dict(OLD_MACHINE)
+    assert m.dtype == "fp32" and set(m.dtype_choice.seconds) == {"fp32", "bf16"}
+    assert m.hardware == Hardware("cpu", "Some CPU", "AVX2", 2, True, False, False, True)   # kind, limits: defaults
+    assert m.cost_curve == CostCurve((1, 64), (0.01, 0.05)) and m.draft_kernels.int8 and m.draft_kernels.seconds
+    assert m.dtype_choice.why == "bf16 is not faster here (decoder linears, ...)"   # no gist: the reason stands in
+    assert m.text() == "Some CPU · AVX2 · 2 threads · bf16 kernels: no · fp32 · drafting in int8"
+    again = through_json(m)
+    assert again == m and again.to_dict()["dtype"] == "fp32"
+    assert MachineRecord.from_dict({"summary": "a CPU"}) == MachineRecord(summary="a CPU")   # the oldest: parts only
+
+
+def test_the_benchs_draft_kernels_read_in_either_form():
+    # bench reports before the record wrote the kernels alone; traces wrote the whole choice, as both do now
+    assert DraftKernelChoice.from_dict("int8").int8 and not DraftKernelChoice.from_dict("fp32").int8
+    choice = DraftKernelChoice.from_dict(OLD_MACHINE["draft_kernels"])
+    assert through_json(choice) == choice and choice.to_dict() == OLD_MACHINE["draft_kernels"]
+    off = DraftKernelChoice(False, "off (--draft-int8 off)")
+    assert off.to_dict() == {"int8": False, "reason": "off (--draft-int8 off)"} and off.kernels == "fp32"
+
+
+def test_a_dtype_choice_carries_its_gist_for_the_header():
+    lossless = lossless_choice()
+    assert lossless.reason.startswith("fp32: the dtype in which DART's greedy output is token-identical to plain "
+                                      "decoding (in bf16")
+    assert lossless.text() == "fp32 (the dtype in which DART's greedy output is token-identical to plain decoding)"
+    measured = decide({"float32": [0.0273, 0.0341], "bfloat16": [0.0196, 0.1249]})
+    assert measured.text() == "fp32 (bf16 is not faster here)" and set(measured.seconds) == {"fp32", "bf16"}
+    assert through_json(measured) == measured and through_json(lossless) == lossless
+    assert DtypeChoice.because("bf16", "native on X").reason == "bf16: native on X"
+
+
+def test_a_dtype_has_one_spelling():
+    assert [dtype_spelling(d) for d in (torch.float32, torch.bfloat16, torch.float16)] == ["fp32", "bf16", "fp16"]
+    assert [dtype_spelling(d) for d in ("float32", "fp32", "torch.bfloat16")] == ["fp32", "fp32", "bf16"]
+
+
+def test_run_settings_keep_their_machine_record():
+    settings = RunSettings(model="tiny", machine=MachineRecord.from_dict(OLD_MACHINE))
+    back = RunSettings.from_dict(json.loads(json.dumps(settings.to_dict())))
+    assert back == settings and back.machine.cost_curve.time(64) == pytest.approx(0.05)
+    assert RunSettings.from_dict({"machine": None}).machine is None
