@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from dart_core.errors import DartError
 from dart_core.ngram import NGramModel
+from dart_core.settled import settled_step
 from dart_core.trace import Trace
 from dart_core.tree import TokenTree
 from dart_core.tree_search import Candidates, SearchConfig, search
@@ -64,20 +65,20 @@ def what_if(trace: Trace, index: int, config: SearchConfig, ngram: NGramModel | 
     if config.topk > recorded_k:
         notes.append(f"the trace recorded {recorded_k} candidates per row, so top-k above {recorded_k} "
                      f"acts as {recorded_k}")
-    context = trace.context_at(index)
+    settled = settled_step(trace, index)   # the context, and what the run committed after the step's root
+    context = settled.context
     if ngram is None and config.ngram_weight > 0 and step.candidates is not None \
             and (step.candidates.ngram_match >= 0).any():
         notes.append("the n-gram table used for this trace is not loaded: the search runs without its term")
     result = search(step.rows_tokens, step.rows_probs, context, config, ngram, eos_ids)
     tree, lookup_nodes = result.tree, []
-    if step.lookup_nodes and step.tree is not None:  # keep the step's prompt-lookup branch: only the search changes
-        branch = [step.tree.tokens[n] for n in step.tree.path_to(max(step.lookup_nodes))[1:]]
+    branch = step.lookup_branch()
+    if branch:   # keep the step's prompt-lookup branch: only the search changes
         tree, lookup_nodes = tree.with_branch(branch, len(branch))
     if verifier is not None:
         path, bonus = verifier(context, tree)
         how = VERIFIED
     else:
-        future = [t for s in trace.steps[index:] for t in s.new_tokens]
-        path, bonus = tree.follow(future)
+        path, bonus = tree.follow(settled.future)
         how = REPLAYED if is_greedy(trace) else ESTIMATED
     return WhatIf(index, config, tree, result.candidates, path, bonus, how, context, notes, lookup_nodes)

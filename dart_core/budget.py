@@ -3,13 +3,10 @@
     rate(b) = E[tokens per step | b] / (drafting and search time + t(1 + nodes(b)))
 
 t(k) is the machine's measured verify cost curve. E[tokens per step | b] is learnt from the run's own steps, exactly:
-the beam search's candidate pool does not depend on the budget (the tree is the pool's top b by score), so once the
-target's own continuation after a step is known (it is what the following steps commit), the tokens that step would
-have accepted under every budget b can be read off its pool. A candidate always ranks after its parent, so a step
-accepts under budget b as many tokens of the target's path as have a pool rank below b. With a prompt-lookup branch
-the tree also holds the branch's nodes, and the step accepts at least the branch's agreement with the target. The
-branch depends on the context alone, so the same holds for every branch length L (its first L tokens): dart_pld
-chooses the length with the budget, from one lookup of the longest.
+once the target's own continuation after a step is known (it is what the following steps commit), the tokens that
+step would have accepted under every budget b, and with a prompt-lookup branch of every length L, are read off its
+candidate pool (dart_core.settled, which also holds the rate formula): dart_pld chooses the branch's length with the
+budget, from one lookup of the longest.
 
 For greedy decoding these counts are exact; under sampling they use the sampled continuation, an estimate.
 
@@ -30,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .machine import CostCurve
+from .settled import Pool, expected_rate
 from .step_budget import BudgetChoice, CurveFix
 from .tree_search import Candidates
 
@@ -49,71 +47,9 @@ CURVE_TOLERANCE = 1.5    # measured / predicted beyond this (or below its invers
 @dataclass
 class _Pending:
     position: int              # index of the step's root in the context
-    token: np.ndarray          # the pool's columns needed to follow a path through it
-    parent: np.ndarray
-    rank: np.ndarray           # each candidate's place in the pool's ranking (0 = first into the tree)
+    pool: Pool                 # the step's candidate pool, ranked
     branch: list[int]          # the prompt-lookup branch's tokens (empty without one)
     rows: int                  # the pool's depth
-
-
-def pool_ranks(c: Candidates) -> np.ndarray:
-    """The search's own ranking of its pool (score first, shallower on ties), as a rank per candidate."""
-    order = np.lexsort((c.level, -c.score))
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    return rank
-
-
-def pool_path(token: np.ndarray, parent: np.ndarray, path: list[int]) -> list[int]:
-    """The pool's candidates spelling `path` from the root, as far as the pool holds it (a parent's children carry
-    distinct tokens, so the walk is unique)."""
-    out, prev = [], -1
-    for t in path:
-        hit = np.flatnonzero((parent == prev) & (token == t))
-        if not hit.size:
-            break
-        prev = int(hit[0])
-        out.append(prev)
-    return out
-
-
-def path_ranks(token: np.ndarray, parent: np.ndarray, rank: np.ndarray, path: list[int]) -> np.ndarray:
-    """The pool ranks of the candidates spelling `path` from the root, as far as the pool holds it."""
-    return rank[np.asarray(pool_path(token, parent, path), dtype=np.int64)]
-
-
-def accepted_by_budget(token: np.ndarray, parent: np.ndarray, rank: np.ndarray, branch: list[int],
-                       target_path: list[int], budgets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For one step's pool: the draft tokens the target would have accepted, and the tree's nodes, under each budget
-    (the tree is the pool's top b, plus the lookup branch where there is one)."""
-    accepted, nodes = accepted_by_budget_and_length(token, parent, rank, branch, target_path, budgets, [len(branch)])
-    return accepted[0], nodes[0]
-
-
-def accepted_by_budget_and_length(token: np.ndarray, parent: np.ndarray, rank: np.ndarray, branch: list[int],
-                                  target_path: list[int], budgets, lengths) -> tuple[np.ndarray, np.ndarray]:
-    """accepted_by_budget for the branch's first L tokens, for each L of `lengths`: arrays [len(lengths), budgets]."""
-    b = np.asarray(budgets)[None, :]
-    pool_accepted = (path_ranks(token, parent, rank, target_path)[:, None] < b).sum(0)
-    pool_nodes = np.minimum(b[0], len(rank)).astype(np.float64)
-    agree = next((i for i, (x, y) in enumerate(zip(branch, target_path)) if x != y), min(len(branch), len(target_path)))
-    # the branch's nodes the pool's top b already holds, for each prefix length of the branch
-    in_pool = np.zeros((len(branch) + 1, b.shape[1]))
-    in_pool[1:] = np.cumsum(_padded(path_ranks(token, parent, rank, branch), len(branch))[:, None] < b, axis=0)
-    accepted = np.empty((len(lengths), b.shape[1]))
-    nodes = np.empty((len(lengths), b.shape[1]))
-    for i, n in enumerate(lengths):
-        n = min(int(n), len(branch))
-        accepted[i] = np.maximum(pool_accepted, min(n, agree))
-        nodes[i] = pool_nodes + n - in_pool[n]
-    return accepted, nodes
-
-
-def _padded(ranks: np.ndarray, n: int) -> np.ndarray:
-    """Pool ranks of a branch's first tokens, padded to n with 'not in the pool' (the pool left the branch there)."""
-    out = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    out[:len(ranks)] = ranks
-    return out
 
 
 class AutoBudget:
@@ -176,8 +112,8 @@ class AutoBudget:
         self.overhead += (seconds - self.overhead) / self._timed
         if candidates is None or not len(candidates):
             return
-        self.pending.append(_Pending(len(context) - 1, candidates.token, candidates.parent, pool_ranks(candidates),
-                                     list(branch[:self.lengths[-1]]), int(candidates.level.max()) + 1))
+        self.pending.append(_Pending(len(context) - 1, Pool.of(candidates), list(branch[:self.lengths[-1]]),
+                                     int(candidates.level.max()) + 1))
 
     def observe_verify(self, tokens: int, seconds: float) -> CurveFix | None:
         """A verify of `tokens` tokens took `seconds`. Every CHECK_STEPS of them, the curve is checked; returns what
@@ -207,8 +143,7 @@ class AutoBudget:
         self.pending = keep
 
     def _add(self, p: _Pending, target_path: list[int]) -> None:
-        accepted, nodes = accepted_by_budget_and_length(p.token, p.parent, p.rank, p.branch, target_path,
-                                                        self.budgets, self.lengths)
+        accepted, nodes = p.pool.accepted_by_length(p.branch, target_path, self.budgets, self.lengths)
         self.accepted += accepted
         self.nodes += nodes
         self.steps += 1
@@ -226,8 +161,9 @@ class AutoBudget:
 
     def _expected(self, accepted, nodes):
         """(tokens per step, tokens per second) from summed acceptance and nodes, scalars or arrays alike."""
-        tokens = 1.0 + accepted / max(self.steps, 1)
-        return tokens, tokens / (self.overhead + self.curve.times(1 + nodes / max(self.steps, 1)))
+        n = max(self.steps, 1)
+        tokens = 1.0 + accepted / n
+        return tokens, expected_rate(tokens, nodes / n, self.overhead, self.curve)
 
     def best(self) -> BudgetChoice:
         rates = self.rates()

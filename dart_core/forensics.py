@@ -4,7 +4,7 @@ branch, the n-gram weight, the beam width) would have recovered, everything else
 
 Everything is read from a trace, with no model. For greedy runs it is exact: the target's choices after a step are
 the tokens the run committed next (lossless decoding), and the search's candidate pool does not depend on the node
-budget, so the tree of any budget is the pool's top b (see dart_core.budget); the lookup branch depends on the
+budget, so the tree of any budget is the pool's top b (see dart_core.settled); the lookup branch depends on the
 context alone; and the n-gram weight and beam width are replayed by running the search again over the step's
 recorded rows with the run's table. For sampled runs the committed tokens stand in for the target's choices: an
 estimate.
@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .budget import accepted_by_budget, pool_path, pool_ranks
 from .ngram import NGramModel
 from .proposers import PromptLookupProposer
+from .settled import Pool, SettledStep, pool_path, pool_ranks, settled_steps
 from .trace import StepRecord, Trace
-from .tree_search import EOS_END, KEPT, LOW_NGRAM, Candidates, search
+from .tree_search import EOS_END, KEPT, LOW_NGRAM, search
 
 # Why the wanted token was not accepted, from the head's side to the verifier's.
 BEYOND, NOT_IN_TOPK, BEAM, EOS_PARENT, BUDGET, NGRAM, IN_TREE = (
@@ -145,30 +145,18 @@ class KnobEffect:
 
 
 @dataclass
-class _Settled:
-    """A drafted step, with what the target said after its root and what its own tree was made of."""
-    index: int
-    step: StepRecord
-    context: list[int]         # the committed tokens, ending with the step's root
-    future: list[int]          # the target's tokens after the root, as many as any replay can use
+class _Drafted(SettledStep):
+    """A drafted step with what its own tree was made of."""
     budget: int                # the step's own node budget (the tree is its pool's top `budget`)
     branch: list[int]          # the step's own prompt-lookup branch (empty without one)
-    columns: tuple             # its own pool as accepted_by_budget reads it (token, parent, rank), ranked once
+    pool: Pool                 # its own pool, ranked once
 
 
-def _settled_steps(trace: Trace, lookup: PromptLookupProposer | None) -> list[_Settled]:
-    output = trace.output_ids
-    starts = np.cumsum([0] + [len(s.new_tokens) for s in trace.steps])
-    longest = max(KNOB_VALUES[LOOKUP_KNOB])
-    out = []
-    for i, s in enumerate(trace.steps):
-        if not _has_pool(s):
-            continue
-        context = list(trace.prompt_ids) + output[:starts[i]]
-        future = output[starts[i]: starts[i] + max(s.rows_tokens.shape[0], longest)]
-        out.append(_Settled(i, s, context, future, _own_budget(trace, s), _own_branch(trace, s, context, lookup),
-                            _columns(s.candidates)))
-    return out
+def _drafted_steps(trace: Trace, lookup: PromptLookupProposer | None) -> list[_Drafted]:
+    longest = max(KNOB_VALUES[LOOKUP_KNOB])   # the target's tokens after each root: as many as any replay can use
+    return [_Drafted(st.index, st.step, st.context, st.future, _own_budget(trace, st.step),
+                     _own_branch(trace, st, lookup), Pool.of(st.step.candidates))
+            for st in settled_steps(trace, ahead=longest) if _has_pool(st.step)]
 
 
 def _own_budget(trace: Trace, s: StepRecord) -> int:
@@ -179,33 +167,25 @@ def _own_budget(trace: Trace, s: StepRecord) -> int:
     return kept if kept < min(budget, len(s.candidates)) else budget
 
 
-def _own_branch(trace: Trace, s: StepRecord, context: list[int], lookup: PromptLookupProposer | None) -> list[int]:
-    """The step's prompt-lookup branch: looked up again where the run had one (it depends on the context alone), or
-    read from the tree's lookup nodes when no lookup is given."""
-    if trace.settings.lookup_tokens is None and not s.lookup_nodes:
+def _own_branch(trace: Trace, st: SettledStep, lookup: PromptLookupProposer | None) -> list[int]:
+    """The step's prompt-lookup branch: looked up again where the run had one, or read back from the tree's lookup
+    nodes when no lookup is given."""
+    if trace.settings.lookup_tokens is None and not st.step.lookup_nodes:
         return []
-    if lookup is not None:   # an automatic budget grafted the first budget.lookup tokens of it
-        branch = lookup.lookup(context)
-        return branch[:s.budget.lookup] if s.budget is not None and s.budget.lookup is not None else branch
-    return [s.tree.tokens[n] for n in s.tree.path_to(max(s.lookup_nodes))[1:]] if s.lookup_nodes else []
+    return st.step.lookup_branch(lookup.lookup(st.context) if lookup is not None else None)
 
 
-def _effects(steps: list[_Settled], knob: str, values, columns_of, branch_of) -> list[KnobEffect]:
+def _effects(steps: list[_Drafted], knob: str, values, pool_of, branch_of) -> list[KnobEffect]:
     """Each value's accepted tokens and nodes over the steps, against the run's own (read off each step's pool at
-    its own budget: `columns_of(step, value)` gives the pool's columns, `branch_of(step, value)` the lookup
-    branch)."""
+    its own budget: `pool_of(step, value)` gives the pool, `branch_of(step, value)` the lookup branch)."""
     extra_tokens, extra_nodes = np.zeros(len(values)), np.zeros(len(values))
     for st in steps:
-        own_a, own_n = accepted_by_budget(*st.columns, st.branch, st.future, [st.budget])
+        own_a, own_n = st.pool.accepted(st.branch, st.future, [st.budget])
         for j, value in enumerate(values):
-            a, n = accepted_by_budget(*columns_of(st, value), branch_of(st, value), st.future, [st.budget])
+            a, n = pool_of(st, value).accepted(branch_of(st, value), st.future, [st.budget])
             extra_tokens[j] += a[0] - own_a[0]
             extra_nodes[j] += n[0] - own_n[0]
     return [KnobEffect(knob, v, int(extra_tokens[j]), float(extra_nodes[j] / len(steps))) for j, v in enumerate(values)]
-
-
-def _columns(c: Candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return c.token, c.parent, pool_ranks(c)
 
 
 def budget_effects(trace: Trace, budgets=KNOB_VALUES[BUDGET_KNOB],
@@ -213,12 +193,12 @@ def budget_effects(trace: Trace, budgets=KNOB_VALUES[BUDGET_KNOB],
     """What each node budget would have accepted over the run, from the recorded pools (full candidates needed:
     a trace saved with top_candidates holds only part of each pool). `lookup`: the run's own prompt-lookup branch,
     to look it up again (dart_pld); without it the branch is read from each tree."""
-    steps = _settled_steps(trace, lookup)
+    steps = _drafted_steps(trace, lookup)
     if not steps:
         return []
     extra_tokens, extra_nodes = np.zeros(len(budgets)), np.zeros(len(budgets))
     for st in steps:
-        a, n = accepted_by_budget(*st.columns, st.branch, st.future, budgets)
+        a, n = st.pool.accepted(st.branch, st.future, budgets)
         extra_tokens += a - st.step.accepted
         extra_nodes += n - (len(st.step.tree) - 1)
     return [KnobEffect(BUDGET_KNOB, int(b), int(round(extra_tokens[j])), float(extra_nodes[j] / len(steps)))
@@ -233,11 +213,11 @@ def lookup_effects(trace: Trace, max_ngram: int, lengths=KNOB_VALUES[LOOKUP_KNOB
     chosen = any(s.budget is not None and s.budget.lookup is not None for s in trace.steps)
     lengths = [n for n in lengths if chosen or n != own]
     probes = {n: PromptLookupProposer(max_ngram=max_ngram, num_tokens=n) for n in {own, *lengths} if n}
-    steps = _settled_steps(trace, probes.get(own))
+    steps = _drafted_steps(trace, probes.get(own))
     if not steps or not lengths:
         return []
     branches = {(st.index, n): probes[n].lookup(st.context) if n else [] for st in steps for n in lengths}
-    return _effects(steps, LOOKUP_KNOB, lengths, lambda st, n: st.columns, lambda st, n: branches[st.index, n])
+    return _effects(steps, LOOKUP_KNOB, lengths, lambda st, n: st.pool, lambda st, n: branches[st.index, n])
 
 
 def search_effects(trace: Trace, ngram: NGramModel | None, lookup: PromptLookupProposer | None = None,
@@ -247,16 +227,15 @@ def search_effects(trace: Trace, ngram: NGramModel | None, lookup: PromptLookupP
     Exact for greedy runs with a static table (a context-adaptive one, --ngram-context-weight, is replayed without
     what it learnt from the context)."""
     base = trace.settings.search
-    steps = _settled_steps(trace, lookup)
+    steps = _drafted_steps(trace, lookup)
     if base is None or not steps:
         return []
     eos = frozenset(trace.settings.stop_ids)
     out = []
     for knob in knobs:
         values = [v for v in KNOB_VALUES[knob] if v != getattr(base, knob)]
-        pools = {(st.index, v): _columns(search(st.step.rows_tokens, st.step.rows_probs, st.context,
-                                                replace(base, **{knob: v}), ngram, eos, node_budget=st.budget).candidates)
-                 for st in steps for v in values}
+        pools = {(st.index, v): Pool.of(search(st.step.rows_tokens, st.step.rows_probs, st.context, replace(
+                     base, **{knob: v}), ngram, eos, node_budget=st.budget).candidates) for st in steps for v in values}
         out += _effects(steps, knob, values, lambda st, v: pools[st.index, v], lambda st, v: st.branch)
     return out
 

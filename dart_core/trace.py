@@ -23,7 +23,7 @@ from .machine import MachineRecord
 from .methods import DART, DART_PLD, METHODS
 from .step_budget import StepBudget
 from .tree import TokenTree
-from .tree_search import BEAM_STATES, FATES, KEPT, Candidates, SearchConfig
+from .tree_search import BEAM_STATES, FATES, KEPT, Candidates, SearchConfig, rescore
 
 TRACE_FORMAT = "dart-lab-trace/2"
 READABLE_FORMATS = ("dart-lab-trace/1", TRACE_FORMAT)
@@ -103,6 +103,16 @@ class StepRecord:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase (see PHASES, plus "prefill")
     elapsed: float = 0.0             # seconds since the generation started, at the end of this step
     stop_reason: str | None = None   # set on the last step: "stop_token", "max_new_tokens", "context_full"
+
+    def lookup_branch(self, looked_up: list[int] | None = None) -> list[int]:
+        """The prompt-lookup branch this step grafted (empty without one). `looked_up`: the branch looked up again
+        from the step's context at its longest (it depends on the context alone), cut to the length the step
+        grafted; without it, read back from the tree's lookup nodes (empty where the branch added none)."""
+        if looked_up is not None:
+            return self.budget.grafted(looked_up) if self.budget is not None else looked_up
+        if not self.lookup_nodes:
+            return []
+        return [self.tree.tokens[n] for n in self.tree.path_to(max(self.lookup_nodes))[1:]]
 
     def mentioned_tokens(self) -> set[int]:
         ids = set(self.new_tokens)
@@ -316,24 +326,8 @@ def unpack_candidates(d: dict) -> Candidates:
         else:
             cols[name] = col.astype(CANDIDATE_DTYPES.get(name, np.float64))
     if derived:
-        cols["ngram_term"], cols["score"] = _derive_terms(cols, float(derived["ngram_weight"]), float(derived["eps"]))
+        cols["ngram_term"], cols["score"] = rescore(cols, float(derived["ngram_weight"]), float(derived["eps"]))
     return Candidates(**cols)
-
-
-def _derive_terms(cols: dict, ngram_weight: float, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """The search's own formulas (dart_core.tree_search): ngram_term = min(w ln(p + eps), 0) where the n-gram term
-    applied (match >= 0), and score = parent's score + level_weight (logit_term + ngram_term)."""
-    applied = cols["ngram_match"] >= 0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        term = np.where(applied, np.minimum(ngram_weight * np.log(np.nan_to_num(cols["ngram_prob"]) + eps), 0.0), 0.0)
-    step = cols["level_weight"] * (cols["logit_term"] + term)
-    score = np.zeros(len(step))
-    parent = cols["parent"].astype(np.int64)
-    for level in np.unique(cols["level"]):   # parents are one level up: done before their children
-        idx = np.flatnonzero(cols["level"] == level)
-        base = np.where(parent[idx] >= 0, score[np.maximum(parent[idx], 0)], 0.0)
-        score[idx] = base + step[idx]
-    return term, score
 
 
 def best_candidates(c: Candidates, n: int) -> Candidates:

@@ -153,15 +153,15 @@ def search(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], 
         tok = np.broadcast_to(rows_tokens[level, :k], (B, k))
         prob = np.broadcast_to(rows_probs[level, :k].astype(np.float64), (B, k))
         wlev = cfg.level_weight(level)
-        logit_term = np.minimum(cfg.logit_weight(level) * np.log(prob + cfg.eps), 0.0)
+        logit_term = log_term(prob, cfg.logit_weight(level), cfg.eps)
         if ngram is not None and cfg.ngram_weight > 0 and (level > 0 or cfg.ngram_first_level):
             q, match = ngram.lookup(beam_ctx, tok)
-            ngram_term = np.minimum(cfg.ngram_weight * np.log(q + cfg.eps), 0.0)
+            ngram_term = log_term(q, cfg.ngram_weight, cfg.eps)
         else:
             q = np.full((B, k), np.nan)
             match = np.full((B, k), -1, dtype=np.int8)
             ngram_term = np.zeros((B, k))
-        score = beam_score[:, None] + wlev * (logit_term + ngram_term)
+        score = child_score(beam_score[:, None], wlev, logit_term, ngram_term)
 
         flat_score = score.ravel()
         flat_tok = tok.ravel()
@@ -213,6 +213,33 @@ def search(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], 
     cand = _make_candidates(table, kept, budget)
     tree = _tree_from_kept(int(context[-1]), table["token"], table["parent"], kept)
     return SearchResult(tree, cand, kept)
+
+
+def log_term(prob, weight: float, eps: float):
+    """A score term: weight · ln(p + eps), never above 0 (the logit term of a draft probability, the n-gram term of
+    an n-gram one)."""
+    return np.minimum(weight * np.log(prob + eps), 0.0)
+
+
+def child_score(parent_score, level_weight, logit_term, ngram_term):
+    """A candidate's cumulative score: its parent's plus level_weight · (logit term + n-gram term)."""
+    return parent_score + level_weight * (logit_term + ngram_term)
+
+
+def rescore(cols: dict[str, np.ndarray], ngram_weight: float, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """The n-gram term and the cumulative score of every candidate of a recorded pool, from its other columns (by
+    Candidates' names) and the search's knobs, as the search computed them (no n-gram term where none applied,
+    ngram_match < 0)."""
+    applied = cols["ngram_match"] >= 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        term = np.where(applied, log_term(np.nan_to_num(cols["ngram_prob"]), ngram_weight, eps), 0.0)
+    score = np.zeros(len(term))
+    parent = cols["parent"].astype(np.int64)
+    for level in np.unique(cols["level"]):   # parents are one level up: done before their children
+        idx = np.flatnonzero(cols["level"] == level)
+        base = np.where(parent[idx] >= 0, score[np.maximum(parent[idx], 0)], 0.0)
+        score[idx] = child_score(base, cols["level_weight"][idx], cols["logit_term"][idx], term[idx])
+    return term, score
 
 
 def _make_candidates(table: dict, kept: np.ndarray, budget: int) -> Candidates:

@@ -25,11 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dart_core.budget import MAX_BUDGET, accepted_by_budget, pool_ranks
+from dart_core.budget import MAX_BUDGET
 from dart_core.decoding import GenerationConfig, run
 from dart_core.machine import CostCurve
 from dart_core.ngram import NGramModel
 from dart_core.proposers import PromptLookupProposer
+from dart_core.settled import Pool, expected_rate, settled_steps
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.datasets import iter_sharegpt
 from dart_core.setup.defaults import CPU_NODE_BUDGET, cache_root
@@ -70,21 +71,6 @@ def record(out: Path, n: int, max_new_tokens: int) -> None:
         print(f"{i + 1}/{n}: {len(trace.output_ids)} tokens, {len(trace.steps) - 1} steps", flush=True)
 
 
-def _steps(trace: Trace):
-    """(context ending with the root, the target's continuation, rows tokens, rows probs, draft+search seconds)
-    of every DART step that drafted."""
-    sequence = list(trace.prompt_ids) + trace.output_ids
-    for s in trace.steps:
-        if s.kind != "verify" or s.rows_tokens is None or not len(s.rows_tokens):
-            continue
-        root = s.context_len            # the root's index in the sequence
-        future = sequence[root + 1: root + 1 + len(s.rows_tokens)]
-        if len(future) < len(s.rows_tokens):
-            continue                    # the run ended before the target said enough after this step
-        yield (sequence[: root + 1], future, np.asarray(s.rows_tokens), np.asarray(s.rows_probs),
-               s.timings.get("draft", 0.0) + s.timings.get("search", 0.0))
-
-
 def _cost_curve(trace: Trace) -> CostCurve:
     """The trace's cost curve, else this machine's newest calibrated one (a fixed-budget run records none)."""
     if trace.settings.machine is not None and trace.settings.machine.cost_curve is not None:
@@ -103,10 +89,12 @@ def replay(folder: Path, top: int) -> None:
     curve = _cost_curve(traces[0])
     table = NGramModel.load(ensure_default_ngram())
     eos = frozenset(traces[0].settings.stop_ids or [])
-    steps = [s for t in traces for s in _steps(t)]
-    overhead = float(np.mean([s[4] for s in steps]))
+    # every DART step that drafted, with the target's continuation over its rows
+    steps = [st for t in traces for st in settled_steps(t, ahead=0, whole=True)]
+    overhead = float(np.mean([st.step.timings.get("draft", 0.0) + st.step.timings.get("search", 0.0)
+                              for st in steps]))
     # the lookup branch depends on the context alone: look it up once per step and length
-    branches = {n: [PromptLookupProposer(num_tokens=n).lookup(step[0]) for step in steps] for n in LOOKUP_TOKENS}
+    branches = {n: [PromptLookupProposer(num_tokens=n).lookup(st.context) for st in steps] for n in LOOKUP_TOKENS}
     budgets = np.arange(MAX_BUDGET + 1)
     print(f"{len(traces)} traces, {len(steps)} DART steps; draft + search {overhead * 1e3:.1f} ms a step; "
           f"t(1) {curve.time(1) * 1e3:.1f} ms", flush=True)
@@ -114,19 +102,16 @@ def replay(folder: Path, top: int) -> None:
     results = []
     for values in itertools.product(*GRID.values()):
         config = replace(base, **dict(zip(GRID, values)))
-        pools = []
-        for context, future, rows_tokens, rows_probs, _ in steps:
-            c = search(rows_tokens, rows_probs, context, replace(config, node_budget=MAX_BUDGET), table, eos).candidates
-            pools.append((context, future, c.token, c.parent, pool_ranks(c)))
+        pools = [Pool.of(search(np.asarray(st.step.rows_tokens), np.asarray(st.step.rows_probs), st.context,
+                                replace(config, node_budget=MAX_BUDGET), table, eos).candidates) for st in steps]
         for n in [0] + LOOKUP_TOKENS:
             accepted, nodes = np.zeros(len(budgets)), np.zeros(len(budgets))
-            for i, (context, future, token, parent, rank) in enumerate(pools):
-                branch = branches[n][i] if n else []
-                a, k = accepted_by_budget(token, parent, rank, branch, future, budgets)
+            for i, (st, pool) in enumerate(zip(steps, pools)):
+                a, k = pool.accepted(branches[n][i] if n else [], st.future, budgets)
                 accepted += a
                 nodes += k
             tokens = 1 + accepted / len(pools)
-            rate = tokens / (overhead + np.array([curve.time(1 + x) for x in nodes / len(pools)]))
+            rate = expected_rate(tokens, nodes / len(pools), overhead, curve)
             b = 1 + int(np.argmax(rate[1:]))
             results.append((rate[b], tokens[b], b, n, dict(zip(GRID, values))))
     results.sort(key=lambda r: -r[0])

@@ -13,6 +13,7 @@ from dart_core.machine import CostCurve, DraftKernelChoice, DtypeChoice, Machine
 from dart_core.setup.dtype_choice import decide, lossless_choice
 from dart_core.step_budget import BudgetChoice, CurveFix, StepBudget
 from dart_core.trace import RunSettings, StepRecord
+from tests.app_fixtures import tiny_engine
 
 CURVE = CostCurve((1, 8, 64), (0.02, 0.03, 0.1), 256, (0.021, 0.029, 0.1))
 CHOICE = BudgetChoice(6, 5, 2.4567891, 61.23456789, 12, 40.1, 8, plain_tokens_per_s=50.0, best_drafting=6,
@@ -119,3 +120,15 @@ def test_run_settings_keep_their_machine_record():
     back = RunSettings.from_dict(json.loads(json.dumps(settings.to_dict())))
     assert back == settings and back.machine.cost_curve.time(64) == pytest.approx(0.05)
     assert RunSettings.from_dict({"machine": None}).machine is None
+
+
+def test_the_apps_header_reads_the_choices_gist():
+    engine = tiny_engine(ngram=False)
+    engine.target.dtype_choice = lossless_choice()
+    engine.loaded.__dict__["draft_choice"] = DraftKernelChoice(True, "on (--draft-int8 on)")   # not measured here
+    header = engine.describe()
+    assert "draft head: random, drafting in int8 · n-gram: none · fp32 (the dtype in which DART's greedy output " \
+           "is token-identical to plain decoding) · " in header
+    engine.target.dtype_choice = None
+    engine.loaded.__dict__["draft_choice"] = DraftKernelChoice(False, "off (--draft-int8 off)")
+    assert "draft head: random · n-gram: none · fp32 · " in engine.describe()

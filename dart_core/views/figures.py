@@ -17,12 +17,12 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dart_core.budget import pool_path
 from dart_core.methods import LANES, VANILLA
 from dart_core.forensics import BEYOND, REASON_TEXT, KnobEffect, Miss, RunForensics, run_forensics, step_miss
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import PromptLookupProposer
+from dart_core.settled import expected_rate, pool_path
 from dart_core.setup.defaults import LOOKUP_TOKENS, PLD_NGRAM
 from dart_core.trace import PHASES, Trace
 from dart_core.tree import TokenTree
@@ -509,8 +509,9 @@ def cost_figure(trace: Trace | None) -> go.Figure:
     if choice is not None and choice.tokens_by_budget:
         t1, overhead = curve.seconds[0], choice.overhead_s
         budgets = list(range(1, len(choice.tokens_by_budget)))
-        speedup = [choice.tokens_by_budget[b] * t1 / (overhead + curve.time(1 + choice.nodes_by_budget[b]))
-                   for b in budgets]
+        # over plain decoding's 1 / t(1): the expected rate with each token counted as t(1)
+        speedup = expected_rate(t1 * np.asarray(choice.tokens_by_budget[1:]), np.asarray(choice.nodes_by_budget[1:]),
+                                overhead, curve).tolist()
         fig.add_trace(go.Scatter(x=budgets, y=speedup, mode="lines", name="expected speedup over plain decoding",
                                  line={"color": "#ef6c00"},
                                  hovertemplate="node budget %{x}: expected %{y:.2f}× plain decoding<extra></extra>"))

@@ -1,0 +1,135 @@
+"""What a DART step would have accepted with another tree, once the target's continuation after it is known.
+
+The beam search's candidate pool does not depend on the node budget: the tree of budget b is the pool's top b by the
+search's own ranking, and a candidate always ranks after its parent. So once the target has said what follows a
+step's root (the tokens the following steps commit; exact for greedy runs, the sampled tokens otherwise), the draft
+tokens the step would have accepted under every budget b, and the tree's nodes, can be read off its pool: as many
+tokens of the target's path as have a pool rank below b. A prompt-lookup branch grafted on the tree adds its nodes
+and accepts at least its agreement with the target; it depends on the context alone, so a branch of every length
+(its first L tokens) is read off one lookup of the longest.
+
+One place for it, read by the automatic budget (dart_core.budget, as the run goes), the forensics (from a trace),
+the app's what-if and scripts/tune_search.py:
+- `Pool`: a step's candidates as the replays read them, with `accepted` / `accepted_by_length`;
+- `settled_steps(trace)`: the recorded steps that drafted, each with its context and the target's continuation
+  (`SettledStep`); a step's own branch is `StepRecord.lookup_branch`;
+- `expected_rate`: tokens per second from tokens per step, tree nodes, drafting time and the cost curve t(k).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .machine import CostCurve
+from .trace import StepRecord, Trace
+from .tree_search import Candidates
+
+
+def expected_rate(tokens, nodes, overhead: float, curve: CostCurve):
+    """Expected tokens per second: `tokens` per verify step (the bonus token included) over the step's time, the
+    drafting and search `overhead` plus a verify of the root and `nodes` tree nodes, t(1 + nodes). Scalars or arrays
+    alike."""
+    return tokens / (overhead + curve.times(1 + nodes))
+
+
+def pool_ranks(c: Candidates) -> np.ndarray:
+    """The search's own ranking of its pool (score first, shallower on ties), as a rank per candidate."""
+    order = np.lexsort((c.level, -c.score))
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank
+
+
+def pool_path(token: np.ndarray, parent: np.ndarray, path: list[int]) -> list[int]:
+    """The pool's candidates spelling `path` from the root, as far as the pool holds it (a parent's children carry
+    distinct tokens, so the walk is unique)."""
+    out, prev = [], -1
+    for t in path:
+        hit = np.flatnonzero((parent == prev) & (token == t))
+        if not hit.size:
+            break
+        prev = int(hit[0])
+        out.append(prev)
+    return out
+
+
+@dataclass
+class Pool:
+    """A step's candidate pool as the replays read it: each candidate's token, parent and rank in the search's
+    order into the tree."""
+    token: np.ndarray
+    parent: np.ndarray
+    rank: np.ndarray
+
+    @classmethod
+    def of(cls, c: Candidates) -> "Pool":
+        return cls(c.token, c.parent, pool_ranks(c))
+
+    def path_ranks(self, path: list[int]) -> np.ndarray:
+        """The ranks of the candidates spelling `path` from the root, as far as the pool holds it."""
+        return self.rank[np.asarray(pool_path(self.token, self.parent, path), dtype=np.int64)]
+
+    def accepted(self, branch: list[int], target_path: list[int], budgets) -> tuple[np.ndarray, np.ndarray]:
+        """The draft tokens the target would have accepted, and the tree's nodes, under each budget (the tree is the
+        pool's top b, plus the lookup branch `branch` where there is one)."""
+        accepted, nodes = self.accepted_by_length(branch, target_path, budgets, [len(branch)])
+        return accepted[0], nodes[0]
+
+    def accepted_by_length(self, branch: list[int], target_path: list[int], budgets,
+                           lengths) -> tuple[np.ndarray, np.ndarray]:
+        """`accepted` for the branch's first L tokens, for each L of `lengths`: arrays [len(lengths), budgets]."""
+        b = np.asarray(budgets)[None, :]
+        pool_accepted = (self.path_ranks(target_path)[:, None] < b).sum(0)
+        pool_nodes = np.minimum(b[0], len(self.rank)).astype(np.float64)
+        agree = next((i for i, (x, y) in enumerate(zip(branch, target_path)) if x != y),
+                     min(len(branch), len(target_path)))
+        # the branch's nodes the pool's top b already holds, for each prefix length of the branch
+        in_pool = np.zeros((len(branch) + 1, b.shape[1]))
+        in_pool[1:] = np.cumsum(_padded(self.path_ranks(branch), len(branch))[:, None] < b, axis=0)
+        accepted = np.empty((len(lengths), b.shape[1]))
+        nodes = np.empty((len(lengths), b.shape[1]))
+        for i, n in enumerate(lengths):
+            n = min(int(n), len(branch))
+            accepted[i] = np.maximum(pool_accepted, min(n, agree))
+            nodes[i] = pool_nodes + n - in_pool[n]
+        return accepted, nodes
+
+
+def _padded(ranks: np.ndarray, n: int) -> np.ndarray:
+    """Pool ranks of a branch's first tokens, padded to n with 'not in the pool' (the pool left the branch there)."""
+    out = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    out[:len(ranks)] = ranks
+    return out
+
+
+@dataclass
+class SettledStep:
+    """A recorded step with what the target said after its root."""
+    index: int
+    step: StepRecord
+    context: list[int]          # the committed tokens, ending with the step's root
+    future: list[int]           # the target's tokens after the root (as many as were asked for and recorded)
+
+
+def settled_steps(trace: Trace, ahead: int | None = None, whole: bool = False) -> Iterator[SettledStep]:
+    """The steps that drafted (their draft rows recorded), in order, each with its context and the tokens the run
+    committed after its root. `ahead`: as many of those as the step's rows or `ahead`, whichever is more (None: all
+    of them); `whole`: only the steps the run went on long enough after to cover their rows."""
+    output = trace.output_ids
+    start = 0
+    for i, s in enumerate(trace.steps):
+        if s.rows_tokens is not None and len(s.rows_tokens):
+            future = output[start:] if ahead is None else output[start: start + max(len(s.rows_tokens), ahead)]
+            if not whole or len(future) >= len(s.rows_tokens):
+                yield SettledStep(i, s, list(trace.prompt_ids) + output[:start], future)
+        start += len(s.new_tokens)
+
+
+def settled_step(trace: Trace, index: int) -> SettledStep:
+    """Step `index` with its context and every token the run committed after its root."""
+    start = sum(len(s.new_tokens) for s in trace.steps[:index])
+    output = trace.output_ids
+    return SettledStep(index, trace.steps[index], list(trace.prompt_ids) + output[:start], output[start:])

@@ -1,0 +1,83 @@
+"""What a step would have accepted, in one engine module (dart_core.settled): the expected rate, a pool's acceptance
+per budget and branch, the settled steps of a trace, a step's own lookup branch; and the trace's derived candidate
+columns computed by the search's own terms."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dart_core.machine import CostCurve
+from dart_core.ngram import NGramModel
+from dart_core.settled import Pool, expected_rate, settled_step, settled_steps
+from dart_core.step_budget import StepBudget
+from dart_core.trace import StepRecord
+from dart_core.tree import TokenTree
+from dart_core.tree_search import SearchConfig, rescore, search
+from tests.test_miss_classes import PROMPT, ROOT, two_steps
+
+CURVE = CostCurve((1, 5), (0.01, 0.03))     # t(k) = 0.01 + 0.005 (k - 1), the same line beyond 5
+
+
+def test_the_expected_rate_by_hand():
+    # 2 tokens a step with 2 nodes: 5 ms of drafting plus t(3) = 20 ms
+    assert expected_rate(2.0, 2, 0.005, CURVE) == pytest.approx(2.0 / 0.025)
+    rates = expected_rate(np.array([1.0, 2.0, 3.0]), np.array([0.0, 2.0, 6.0]), 0.005, CURVE)
+    # plain decoding: t(1) = 10 ms; beyond the measured sizes the last segment goes on: t(7) = 40 ms
+    assert rates == pytest.approx([1.0 / 0.015, 2.0 / 0.025, 3.0 / 0.045])
+
+
+def test_a_pool_accepts_by_hand():
+    # step 1 of the hand-built trace (tests/test_miss_classes.py): the target's 21 32 have pool ranks 0 and 3
+    pool = Pool.of(two_steps().steps[1].candidates)
+    assert list(pool.path_ranks([21, 32, 99])) == [0, 3]
+    accepted, nodes = pool.accepted([], [21, 32], [1, 3, 4, 9])
+    assert list(accepted) == [1, 1, 2, 2] and list(nodes) == [1, 3, 4, 9]
+    # a branch 21 32 40: it agrees with the target for 2 tokens; of its 3 nodes the pool's top b holds those ranked
+    # below b (21: 0, 21 32: 3; 40 is not in the pool)
+    accepted, nodes = pool.accepted([21, 32, 40], [21, 32], [1, 3, 4, 9])
+    assert list(accepted) == [2, 2, 2, 2] and list(nodes) == [3, 5, 5, 10]
+    by_length, nodes_by_length = pool.accepted_by_length([21, 32, 40], [21, 32], [1, 4], [0, 1, 3])
+    assert by_length.tolist() == [[1, 2], [1, 2], [2, 2]] and nodes_by_length.tolist() == [[1, 4], [1, 4], [3, 5]]
+
+
+def test_settled_steps_carry_the_context_and_what_the_target_said_next():
+    trace = two_steps()                          # prefill ROOT, step 1 emits 21 32, step 2 emits 22 31
+    steps = list(settled_steps(trace))
+    assert [st.index for st in steps] == [1, 2]  # the prefill drafted nothing
+    assert steps[0].context == PROMPT + [ROOT] and steps[0].future == [21, 32, 22, 31]
+    assert steps[1].context == PROMPT + [ROOT, 21, 32] and steps[1].future == [22, 31]
+    assert [st.future for st in settled_steps(trace, ahead=0)] == [[21, 32], [22, 31]]     # the rows' depth
+    assert [st.future for st in settled_steps(trace, ahead=3)] == [[21, 32, 22], [22, 31]]
+    assert settled_step(trace, 2) == steps[1] and settled_step(trace, 2).context == trace.context_at(2)
+    # `whole`: only steps the run went on long enough after (a step cut short by the end of the run is left out)
+    trace.steps[2].new_tokens = [22]
+    assert [st.index for st in settled_steps(trace, ahead=0, whole=True)] == [1]
+
+
+def test_a_steps_lookup_branch_is_read_back_or_cut_from_a_new_lookup():
+    tree, nodes = TokenTree([20], [-1]).with_branch([21, 32, 40], 3)
+    step = StepRecord(1, "verify", 7, [21, 32, 40, 5], 3, tree, lookup_nodes=nodes)
+    assert step.lookup_branch() == [21, 32, 40]                                         # from the tree
+    assert StepRecord(1, "verify", 7, [5]).lookup_branch() == []                           # none grafted
+    looked_up = [21, 32, 40, 11, 12]
+    assert step.lookup_branch(looked_up) == looked_up                                      # its length not chosen
+    step.budget = StepBudget(4, True, lookup=2)
+    assert step.lookup_branch(looked_up) == [21, 32] and step.budget.grafted(looked_up) == [21, 32]
+
+
+@pytest.mark.parametrize("ngram_weight", [0.0, 0.5, 1.0])
+def test_the_derived_columns_are_the_searchs_own(ngram_weight):
+    rng = np.random.default_rng(4)
+    table = NGramModel.build([rng.integers(0, 30, 300).tolist()], vocab_size=30, order=3)
+    rows = np.stack([rng.choice(30, size=6, replace=False) for _ in range(4)]).astype(np.int64)
+    probs = -np.sort(-rng.dirichlet(np.ones(6), size=4), axis=1)
+    cfg = SearchConfig(topk=6, beam_width=3, node_budget=10, ngram_weight=ngram_weight)
+    for c in (search(rows, probs, [3, 7, 11], cfg, table).candidates,
+              search(rows, probs, [3, 7, 11], replace(cfg, ngram_first_level=True), table).candidates):
+        cols = {name: getattr(c, name) for name in ("level", "parent", "logit_term", "level_weight", "ngram_prob",
+                                                    "ngram_match")}
+        term, score = rescore(cols, ngram_weight, cfg.eps)
+        assert np.array_equal(term, c.ngram_term) and np.array_equal(score, c.score)   # to the last bit
