@@ -37,8 +37,8 @@ MIN_STEPS = 2            # settled steps before the first choice replaces the st
 WHOLE = 2**31 - 1        # "the whole branch", where its length is not chosen
 PROBE_EVERY = 8          # while plain decoding is chosen, draft one step in this many to keep measuring
 # Plain decoding is chosen only when the curve says it beats the best tree by this much: its estimate leaves out what
-# the plain mode still pays (feature taps, the head catching up, the probes). On the 2-core AVX2 EPYC, 20 prompts:
-# choosing plain at parity made `dart` 0.96x and `dart_pld` 1.18x fp32 generate, against 0.99x and 1.23x without.
+# the plain mode still pays (feature taps, the head catching up, the probes); measurements:
+# docs/cpu-speed.md#measured-plain-decodings-margin.
 PLAIN_MARGIN = 1.1
 CHECK_STEPS = 8          # verify steps whose measured times are held against the curve at once (their median)
 CURVE_TOLERANCE = 1.5    # measured / predicted beyond this (or below its inverse): the curve disagrees with the run
