@@ -32,6 +32,16 @@ TARGETS = {"row0_top1": 0.50}                    # issue 21's held-out target
 FIT_FROM = 1_000_000                             # tokens: fit only the slow part of the curve
 
 
+def lineage_tokens(head_metrics: dict | None) -> int:
+    """Anchor tokens seen by a head and every head it was continued from (each metrics.json nests the one before
+    under "started_from")."""
+    total = 0
+    while head_metrics:
+        total += int(head_metrics.get("tokens_seen") or 0)
+        head_metrics = head_metrics.get("started_from")
+    return total
+
+
 def run_points(run: Path) -> tuple[list[dict], dict]:
     """(points, provenance) of a run folder: every held-out evaluation in its checkpoint, tokens counted from the
     start of the lineage. An evaluation records its tokens where the trainer wrote them; older ones are placed
@@ -39,7 +49,7 @@ def run_points(run: Path) -> tuple[list[dict], dict]:
     state = torch.load(run / "ckpt.pt", weights_only=False, map_location="cpu")
     metrics_file = run / "best" / "metrics.json"
     metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
-    before = int((metrics.get("started_from") or {}).get("tokens_seen") or 0)
+    before = lineage_tokens(metrics.get("started_from"))
     per_step = state["tokens_seen"] / max(state["step"], 1)
     points = []
     for i, h in enumerate(state["history"]):
