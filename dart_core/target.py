@@ -12,7 +12,8 @@ import torch
 from transformers import DynamicCache
 
 from .hardware import Hardware, detect
-from .kernels import FastLinears, KernelPlan, PackedLinear, decoder_linears, onednn_applies, packed_linear
+from .kernels import (DEFAULT, FastLinears, KernelPlan, PackedLinear, decoder_linears, onednn_applies, packed_linear,
+                      shape_key)
 from .machine import DtypeChoice
 from .tree import TokenTree
 
@@ -89,9 +90,18 @@ class TargetModel:
                 logits = self.model(**inputs, logits_to_keep=1 if last_only else 0).logits[0]
             else:
                 hidden = self.model.model(**inputs).last_hidden_state[0]
-                logits = self.output_head(hidden[-1:] if last_only else hidden)
+                logits = self._output_layer(hidden[-1:] if last_only else hidden)
         feats = torch.cat([captured[i][0] for i in self.taps], dim=-1) if features else None
         return logits, feats
+
+    def _output_layer(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits through the packed output layer, or torch's default GEMM where the kernel plan measured that
+        faster for this many rows (on some CPUs it is for one or two rows; docs/cpu-speed.md)."""
+        plan = self.fast_linears.plan if self.fast_linears is not None else None
+        if plan is not None and shape_key(self.lm_head) in plan.choices and \
+                plan.kernel_for(shape_key(self.lm_head), hidden.shape[0]) == DEFAULT:
+            return torch.nn.functional.linear(hidden, self.lm_head.weight, self.lm_head.bias)
+        return self.output_head(hidden)
 
     def prefill(self, prompt_ids: list[int], cache: DynamicCache, features: bool = False):
         """Run the prompt. Returns (last-position logits [V], prompt features [L, 3H] or None)."""

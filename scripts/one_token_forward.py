@@ -5,8 +5,8 @@ kernels beat torch's default GEMM for one row, DART starts ahead; where they do 
 
     python -m scripts.one_token_forward [--repeats 3]
 
-Prints, per repeat (the spread between repeats is the machine's noise): our verify of one token with the kernel plan
-and the packed output layer, the same without them, transformers' forward with its cache, and `generate` per token.
+Prints, per repeat (the spread between repeats is the machine's noise): our verify of one token with the measured
+kernel plan (decoder linears and output layer), the same on torch's default kernels, transformers' forward with its cache, and `generate` per token.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         target.fast_linears, target.output_head = None, None
         plain = ours(target, ids)
         target.fast_linears, target.output_head = kernels, head
-        print(f"repeat {r + 1}: ours {with_plan:.1f} ms (kernel plan, packed output layer), ours without them "
+        print(f"repeat {r + 1}: ours {with_plan:.1f} ms (the measured kernel plan), ours without it "
               f"{plain:.1f} ms, transformers' forward {transformers_forward(target.model, ids):.1f} ms, generate "
               f"{generate_per_token(target.model, ids):.1f} ms a token")
     return 0

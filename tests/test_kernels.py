@@ -165,3 +165,27 @@ def test_cost_curve_interpolates_and_is_cached_per_machine(tmp_path, monkeypatch
     calibration.cost_curve(target, "another model")
     assert len(calls) == 3
     assert len(list((tmp_path / "calibration").glob("cost-*.json"))) == 2
+
+
+def test_the_output_layer_takes_the_kernel_the_plan_measured_for_its_rows(tmp_path, monkeypatch, capable):
+    base = tiny_target("llama", seed=7)
+    target = TargetModel(base.model, hardware=capable)
+    expected = [plain_greedy_reference(target, p, 24) for p in PROMPTS]
+    head_key = shape_key(target.lm_head)
+    # the plan: torch's default for 1-2 rows, the packed kernel from 4 (what the AMX Xeon measured)
+    target.use_kernels(KernelPlan({head_key: [DEFAULT, DEFAULT] + [ONEDNN] * (len(ROW_BUCKETS) - 2)}))
+    packed_calls = []
+    packed = target.output_head
+    target.output_head = lambda h: packed_calls.append(h.shape[0]) or packed(h)
+    for rows in (1, 2, 4, 8):
+        ids, pos = torch.arange(3, 3 + rows), torch.arange(rows)
+        logits, _ = target.forward(ids, pos, target.new_cache())
+        reference = target.model(input_ids=ids[None]).logits[0]
+        assert torch.allclose(logits, reference, atol=1e-4, rtol=1e-4)
+    assert packed_calls == [4, 8]
+    dart = DartProposer(OracleDrafter(target, n_rows=3), SearchConfig(node_budget=10))
+    assert greedy_outputs(target, dart, 24) == expected
+    # the set-up measures the output layer with the decoder linears, on this machine
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+    plan = calibration.kernel_plan(TargetModel(base.model, hardware=capable))
+    assert head_key in plan.choices and set(plan.timings[head_key]) == {DEFAULT, ONEDNN}

@@ -79,9 +79,11 @@ def kernel_plan(target: TargetModel, recalibrate: bool = False) -> KernelPlan | 
     """The kernel per linear shape and row count for this machine (None where only the default kernel exists)."""
     if not target.hardware.is_cpu:
         return None
-    linears = decoder_linears(target.model)
-    plan = cached(machine_key(target, "kernels"), recalibrate, lambda: measure_plan(linears, target.hardware),
-                   KernelPlan.from_dict, KernelPlan.to_dict, "the kernels per shape")
+    # the output layer is measured with them: its packed kernel loses to the default for 1-2 rows on some CPUs
+    linears = decoder_linears(target.model) + ([target.lm_head] if target.output_head is not None else [])
+    plan = cached(machine_key(target, "kernels", "output-layer"), recalibrate,
+                  lambda: measure_plan(linears, target.hardware),
+                  KernelPlan.from_dict, KernelPlan.to_dict, "the kernels per shape")
     return plan if plan.choices else None
 
 
