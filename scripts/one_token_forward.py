@@ -6,7 +6,8 @@ kernels beat torch's default GEMM for one row, DART starts ahead; where they do 
     python -m scripts.one_token_forward [--repeats 3]
 
 Prints, per repeat (the spread between repeats is the machine's noise): our verify of one token with the measured
-kernel plan (decoder linears and output layer), the same on torch's default kernels, transformers' forward with its cache, and `generate` per token.
+kernel plan (decoder linears and output layer), the same on torch's default kernels, transformers' forward with its
+cache, and `generate` per token.
 """
 
 from __future__ import annotations
