@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .hardware import Hardware
+from .machine import KernelsInUse
 
 DEFAULT, ONEDNN = "default", "onednn"
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)   # rows measured; a forward of r rows uses the first bucket >= r
@@ -231,10 +232,10 @@ class FastLinears:
         """Memory of the packed copies (the original weights stay for transformers' own forwards)."""
         return sum(m.weight.numel() * m.weight.element_size() for m in self.linears if id(m) in self.packed)
 
-    def summary(self) -> dict:
+    def summary(self) -> KernelsInUse:
         """Which kernel each shape uses per row bucket, and the memory of the packed copies."""
-        return {"buckets": list(self.plan.buckets), "choices": self.plan.choices,
-                "extra_mb": round(self.extra_bytes / 2**20, 1)}
+        return KernelsInUse(tuple(self.plan.buckets), {k: list(v) for k, v in self.plan.choices.items()},
+                            round(self.extra_bytes / 2**20, 1))
 
     @contextmanager
     def active(self):

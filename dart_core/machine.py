@@ -141,13 +141,37 @@ class DraftKernelChoice:
 
 
 @dataclass
+class KernelsInUse:
+    """The kernel plan in force (dart_core.kernels.FastLinears): per linear shape, the kernel at each row bucket, and
+    the memory of the packed weight copies."""
+    buckets: tuple[int, ...]
+    choices: dict[str, list[str]]
+    extra_mb: float = 0.0
+
+    def text(self) -> str:
+        """'oneDNN in 9 of 35 shape x row choices, 62.3 MB packed'."""
+        picks = [k for chosen in self.choices.values() for k in chosen]
+        return f"oneDNN in {sum(k == 'onednn' for k in picks)} of {len(picks)} shape x row choices, " \
+               f"{self.extra_mb} MB packed"
+
+    def to_dict(self) -> dict:
+        return {"buckets": list(self.buckets), "choices": {k: list(v) for k, v in self.choices.items()},
+                "extra_mb": self.extra_mb}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelsInUse":
+        return cls(tuple(int(b) for b in d["buckets"]), {k: list(v) for k, v in d["choices"].items()},
+                   float(d.get("extra_mb") or 0.0))
+
+
+@dataclass
 class MachineRecord:
     """Where a run ran, as traces and the bench report record it: the hardware (and its one line as it was
     described then), the kernels in use, the dtype and why, the verify cost curve (runs with an automatic budget),
     and how DART's head drafted (runs with a head)."""
     hardware: Hardware = field(default_factory=Hardware)
     summary: str = ""                          # the hardware in one line (Hardware.describe())
-    kernels: dict | None = None                # the decoder linears' kernels (FastLinears.summary()); None: torch's
+    kernels: KernelsInUse | None = None        # the linears' kernels (FastLinears.summary()); None: torch's
     dtype: str = "fp32"
     dtype_choice: DtypeChoice | None = None    # where the dtype was chosen (--dtype auto or fast)
     cost_curve: CostCurve | None = None
@@ -159,7 +183,8 @@ class MachineRecord:
         return f"{self.summary or self.hardware.describe()} · {self.dtype}{drafting}"
 
     def to_dict(self) -> dict:
-        d = {"hardware": self.hardware.to_dict(), "summary": self.summary, "kernels": self.kernels,
+        d = {"hardware": self.hardware.to_dict(), "summary": self.summary,
+             "kernels": None if self.kernels is None else self.kernels.to_dict(),
              "dtype": self.dtype, "dtype_choice": None if self.dtype_choice is None else self.dtype_choice.to_dict(),
              "cost_curve": None if self.cost_curve is None else self.cost_curve.to_dict()}
         if self.draft_kernels is not None:
@@ -171,7 +196,8 @@ class MachineRecord:
         """Lenient, as traces of every version wrote it: a missing part is None (or this record's default)."""
         return cls(
             hardware=Hardware.from_dict(d["hardware"]) if d.get("hardware") else Hardware(),
-            summary=str(d.get("summary") or ""), kernels=d.get("kernels"),
+            summary=str(d.get("summary") or ""),
+            kernels=KernelsInUse.from_dict(d["kernels"]) if d.get("kernels") else None,
             dtype=dtype_spelling(d.get("dtype") or "fp32"),
             dtype_choice=DtypeChoice.from_dict(d["dtype_choice"]) if d.get("dtype_choice") else None,
             cost_curve=CostCurve.from_dict(d["cost_curve"]) if d.get("cost_curve") else None,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dart_core.hardware import Hardware
-from dart_core.machine import CostCurve, DraftKernelChoice, DtypeChoice, MachineRecord, dtype_spelling
+from dart_core.machine import CostCurve, DraftKernelChoice, DtypeChoice, KernelsInUse, MachineRecord, dtype_spelling
 from dart_core.setup.dtype_choice import decide, lossless_choice
 from dart_core.step_budget import BudgetChoice, CurveFix, StepBudget
 from dart_core.trace import RunSettings, StepRecord
@@ -88,6 +88,17 @@ def test_an_old_machine_record_reads_with_one_spelling_of_the_dtype():
     again = through_json(m)
     assert again == m and again.to_dict()["dtype"] == "fp32"
     assert MachineRecord.from_dict({"summary": "a CPU"}) == MachineRecord(summary="a CPU")   # the oldest: parts only
+
+
+def test_the_kernels_in_use_keep_their_file_form():
+    written = {"buckets": [1, 2, 4], "choices": {"576x576:float32": ["default", "onednn", "onednn"],
+                                                  "576x49152:float32": ["default", "default", "onednn"]},
+               "extra_mb": 62.3}   # what FastLinears.summary() wrote as a plain dict, in traces and --json
+    kernels = KernelsInUse.from_dict(written)
+    assert kernels.to_dict() == written and through_json(kernels) == kernels
+    assert kernels.text() == "oneDNN in 3 of 6 shape x row choices, 62.3 MB packed"
+    machine = MachineRecord(summary="a CPU", kernels=kernels)
+    assert through_json(machine).kernels == kernels and machine.to_dict()["kernels"] == written
 
 
 def test_the_benchs_draft_kernels_read_in_either_form():

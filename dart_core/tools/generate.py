@@ -75,7 +75,7 @@ def cmd_generate(args) -> int:
               "hardware": target.hardware.to_dict(), "dtype": loaded.dtype,
               "dtype_choice": target.dtype_choice.to_dict() if target.dtype_choice else None,
               "draft_kernels": loaded.draft_choice.to_dict() if loaded.draft_choice else None,
-              "kernels": target.fast_linears.summary() if target.fast_linears else None,
+              "kernels": target.fast_linears.summary().to_dict() if target.fast_linears else None,
               "node_budget": budget_summary(trace, figures["node_budgets"])}
     if args.json:
         print(json.dumps(result))
