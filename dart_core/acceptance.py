@@ -36,6 +36,11 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return is_greedy(self.temperature)
 
+    def text(self) -> str:
+        """'greedy', or 'temperature 0.7, top-p 0.9, top-k 0, seed 3'."""
+        return "greedy" if self.greedy else \
+            f"temperature {self.temperature}, top-p {self.top_p}, top-k {self.top_k}, seed {self.seed}"
+
     def validate(self) -> "SamplingConfig":
         if not (self.temperature >= 0 and self.temperature == self.temperature):
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")

@@ -63,6 +63,13 @@ class RunSettings:
     own_time_s: float | None = None     # the app's lane time: its own steps only (lanes take turns on one CPU)
     top_candidates: int | None = None   # set when the file keeps only the best N candidates of each step
 
+    def text(self) -> str:
+        """'model default (fp32) · greedy · Intel(R) Xeon(R) Processor · AVX512 · 2 threads · ...'."""
+        bits = [f"model {self.model or '?'}" + (f" ({self.dtype})" if self.dtype else ""), self.sampling.text()]
+        if self.machine is not None and self.machine.summary:
+            bits.append(self.machine.summary)
+        return " · ".join(bits)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["sampling"] = self.sampling.to_dict()

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from dart_core.acceptance import SamplingConfig
 from dart_core.hardware import Hardware
 from dart_core.machine import CostCurve, DraftKernelChoice, DtypeChoice, KernelsInUse, MachineRecord, dtype_spelling
 from dart_core.setup.dtype_choice import decide, lossless_choice
@@ -99,6 +100,16 @@ def test_the_kernels_in_use_keep_their_file_form():
     assert kernels.text() == "oneDNN in 3 of 6 shape x row choices, 62.3 MB packed"
     machine = MachineRecord(summary="a CPU", kernels=kernels)
     assert through_json(machine).kernels == kernels and machine.to_dict()["kernels"] == written
+
+
+def test_run_settings_say_how_the_run_was_made_in_one_line():
+    assert SamplingConfig().text() == "greedy"
+    assert SamplingConfig(0.7, 0.9, 50, 3).text() == "temperature 0.7, top-p 0.9, top-k 50, seed 3"
+    settings = RunSettings(model="default", dtype="bf16", sampling=SamplingConfig(0.7, 0.9, 50, 3),
+                           machine=MachineRecord(summary="Some CPU · AVX2 · 2 threads"))
+    assert settings.text() == "model default (bf16) · temperature 0.7, top-p 0.9, top-k 50, seed 3 · " \
+                              "Some CPU · AVX2 · 2 threads"
+    assert RunSettings().text() == "model ? (fp32) · greedy"
 
 
 def test_the_benchs_draft_kernels_read_in_either_form():

@@ -121,13 +121,7 @@ def _lane_title(key: str, trace: Trace) -> str:
 
 
 def _meta(trace: Trace) -> str:
-    s = trace.settings
-    sampling = "greedy" if s.sampling.greedy else (f"temperature {s.sampling.temperature}, top-p {s.sampling.top_p}, "
-                                                  f"top-k {s.sampling.top_k}, seed {s.sampling.seed}")
-    bits = [f"model {s.model or '?'}" + (f" ({s.dtype})" if s.dtype else ""), sampling]
-    if s.machine is not None and s.machine.summary:
-        bits.append(s.machine.summary)
-    return (f'<p class="meta">{html.escape(" · ".join(bits))}</p>'
+    return (f'<p class="meta">{html.escape(trace.settings.text())}</p>'
             f'<p><b>Prompt</b></p><pre class="lane-text">{html.escape(trace.prompt_text)}</pre>')
 
 
