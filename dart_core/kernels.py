@@ -216,7 +216,7 @@ def _copy_as(linear: torch.nn.Linear, dtype: torch.dtype) -> torch.nn.Linear:
 
 
 class FastLinears:
-    """The decoder linears, each computed by its plan's kernel for the rows of the forward, inside `active()`."""
+    """The target's linears, each computed by its plan's kernel for the rows of the forward, inside `active()`."""
 
     def __init__(self, linears: list[torch.nn.Linear], plan: KernelPlan, hardware: Hardware):
         self.plan = plan
@@ -261,5 +261,5 @@ class FastLinears:
 
 
 def decoder_linears(model) -> list[torch.nn.Linear]:
-    """Every nn.Linear inside the decoder layers (the output layer has its own fast path in target.py)."""
+    """Every nn.Linear inside the decoder layers (the output layer is added by `TargetModel.planned_linears`)."""
     return [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)]

@@ -12,8 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from .hardware import Hardware, detect
-from .kernels import (DEFAULT, FastLinears, KernelPlan, PackedLinear, decoder_linears, onednn_applies, packed_linear,
-                      shape_key)
+from .kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies
 from .machine import DtypeChoice
 from .tree import TokenTree
 
@@ -42,12 +41,17 @@ class TargetModel:
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 1 << 30)
         self.hardware = hardware or detect(str(self.device))
         self.dtype_choice: DtypeChoice | None = None   # set where the dtype was chosen (--dtype auto or fast)
-        self.output_head = _onednn_output_head(self)
+        self.own_output_layer = _logits_are_output_layer(self)
         self.fast_linears: FastLinears | None = None
 
     def use_kernels(self, plan: KernelPlan | None) -> None:
-        """Compute the decoder linears of our own forwards with `plan`'s kernels (None: torch's default)."""
-        self.fast_linears = FastLinears(decoder_linears(self.model), plan, self.hardware) if plan is not None else None
+        """Compute the linears of our own forwards with `plan`'s kernels (None: torch's default)."""
+        self.fast_linears = FastLinears(self.planned_linears(), plan, self.hardware) if plan is not None else None
+
+    def planned_linears(self) -> list[torch.nn.Linear]:
+        """The linears a kernel plan chooses for: the decoder's, and the output layer where our forwards apply it
+        themselves (its packed kernel wins from 4 rows but loses at 1-2 on some CPUs; docs/cpu-speed.md)."""
+        return decoder_linears(self.model) + ([self.lm_head] if self.own_output_layer else [])
 
     @property
     def device(self) -> torch.device:
@@ -86,22 +90,13 @@ class TargetModel:
                       cache=cache, use_cache=True)
         fast = self.fast_linears.active() if self.fast_linears is not None else nullcontext()
         with self._feature_taps(features) as captured, fast:
-            if self.output_head is None:
-                logits = self.model(**inputs, logits_to_keep=1 if last_only else 0).logits[0]
-            else:
+            if self.own_output_layer:   # inside `fast`: the plan's kernel for this many rows
                 hidden = self.model.model(**inputs).last_hidden_state[0]
-                logits = self._output_layer(hidden[-1:] if last_only else hidden)
+                logits = self.lm_head(hidden[-1:] if last_only else hidden)
+            else:
+                logits = self.model(**inputs, logits_to_keep=1 if last_only else 0).logits[0]
         feats = torch.cat([captured[i][0] for i in self.taps], dim=-1) if features else None
         return logits, feats
-
-    def _output_layer(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits through the packed output layer, or torch's default GEMM where the kernel plan measured that
-        faster for this many rows (on some CPUs it is for one or two rows; docs/cpu-speed.md)."""
-        plan = self.fast_linears.plan if self.fast_linears is not None else None
-        if plan is not None and shape_key(self.lm_head) in plan.choices and \
-                plan.kernel_for(shape_key(self.lm_head), hidden.shape[0]) == DEFAULT:
-            return torch.nn.functional.linear(hidden, self.lm_head.weight, self.lm_head.bias)
-        return self.output_head(hidden)
 
     def prefill(self, prompt_ids: list[int], cache: DynamicCache, features: bool = False):
         """Run the prompt. Returns (last-position logits [V], prompt features [L, 3H] or None)."""
@@ -158,19 +153,18 @@ class TargetModel:
 
 
 @torch.inference_mode()
-def _onednn_output_head(target: TargetModel) -> PackedLinear | None:
-    """The output layer on oneDNN's packed weight where it applies: CPU, fp32 or bf16, and the model's logits are
-    exactly its output layer applied to the last hidden state (checked once on two tokens: no soft-capping or
-    scaling). The transformers model itself is left untouched, so `model.generate` runs as shipped."""
+def _logits_are_output_layer(target: TargetModel) -> bool:
+    """Whether our forwards may apply the output layer themselves, so that the kernel plan chooses its kernel too:
+    where a packed kernel could apply (CPU, fp32 or bf16) and the model's logits are exactly its output layer on the
+    last hidden state (checked once on two tokens: no soft-capping or scaling). The transformers model itself is left
+    untouched, so `model.generate` runs as shipped."""
     head = target.lm_head
     if not onednn_applies(head, target.hardware) or not hasattr(target.model, "model"):
-        return None
+        return False
     try:
-        fast = packed_linear(head, target.hardware)
         ids = torch.tensor([[0, 1]], dtype=torch.long, device=target.device)
         hidden = target.model.model(input_ids=ids).last_hidden_state[0]
         logits = target.model(input_ids=ids).logits[0]
-        same = torch.allclose(fast(hidden).float(), logits.float(), rtol=1e-2, atol=1e-2)
+        return torch.allclose(head(hidden).float(), logits.float(), rtol=1e-2, atol=1e-2)
     except (RuntimeError, TypeError, AttributeError):
-        return None
-    return fast if same else None
+        return False

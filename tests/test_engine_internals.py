@@ -13,6 +13,7 @@ from dart_core.decoding import GenerationConfig, generate, run
 from dart_core.draft_head import DraftCache, DraftHead, DraftHeadError
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, VanillaProposer
+from dart_core.kernels import ONEDNN, ROW_BUCKETS, KernelPlan, shape_key
 from dart_core.target import TargetModel
 from dart_core.trace import RunSettings, Trace, TraceError
 from dart_core.tree import TokenTree
@@ -126,9 +127,11 @@ def test_bf16_verification_matches_plain_forward():
     assert cache_checked > 2
 
 
-def test_onednn_output_head_gives_the_models_logits_and_follows_weight_changes():
+def test_packed_output_layer_gives_the_models_logits_and_follows_weight_changes():
     target = tiny_target("llama", seed=5)
-    assert target.output_head is not None  # CPU, fp32, plain output layer: the oneDNN path is taken
+    assert target.own_output_layer  # CPU, fp32, plain output layer: our forwards apply it, the plan picks its kernel
+    target.use_kernels(KernelPlan({shape_key(target.lm_head): [ONEDNN] * len(ROW_BUCKETS)}))
+    assert id(target.lm_head) in target.fast_linears.packed
     ids, pos = torch.tensor([3, 9, 4, 7]), torch.arange(4)
 
     def both():
@@ -150,7 +153,7 @@ def test_scaled_logits_keep_the_models_own_output_layer():
     cfg = GraniteConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, logits_scaling=4.0)
     target = TargetModel(AutoModelForCausalLM.from_config(cfg).eval())
-    assert target.output_head is None  # logits are not just the output layer: the fast path would be wrong
+    assert not target.own_output_layer  # logits are not just the output layer: applying it ourselves would be wrong
     ids = torch.tensor([3, 9, 4])
     with torch.inference_mode():
         ours, _ = target.forward(ids, torch.arange(3), target.new_cache())

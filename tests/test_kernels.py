@@ -57,8 +57,8 @@ def test_every_capability_off_decodes_losslessly_in_fp32_and_runs_in_bf16():
     for dtype in (torch.float32, torch.bfloat16):
         base = tiny_target("llama", seed=3, dtype=dtype)
         target = TargetModel(base.model, hardware=detect().without("onednn", "onednn_bf16", "mkl"))
-        assert target.output_head is None
-        target.use_kernels(measure_plan(decoder_linears(target.model), target.hardware))
+        assert not target.own_output_layer                      # without a packed kernel: the model's own forward
+        target.use_kernels(measure_plan(target.planned_linears(), target.hardware))
         assert target.fast_linears.plan.choices == {}           # nothing but the default kernel to choose from
         dart = DartProposer(HeadDrafter(random_head(target, n_mask=3, seed=1), target), SearchConfig(node_budget=8))
         outs = greedy_outputs(target, dart)
@@ -106,7 +106,7 @@ def test_packed_linears_follow_their_weights_and_pack_inference_tensors(dtype, c
 def test_onednn_linears_give_the_default_logits_and_stay_lossless(dtype, capable):
     base = tiny_target("llama", seed=4, dtype=dtype)
     target = TargetModel(base.model, hardware=capable)
-    assert target.output_head is not None            # the output layer is packed too, in either dtype
+    assert target.own_output_layer                   # our forwards apply the output layer, in either dtype
     expected = [plain_greedy_reference(target, p, 24) for p in PROMPTS]
     ids, pos = torch.tensor([1, 7, 9, 11]), torch.arange(4)
     plain, _ = target.forward(ids, pos, target.new_cache())
@@ -174,9 +174,15 @@ def test_the_output_layer_takes_the_kernel_the_plan_measured_for_its_rows(tmp_pa
     head_key = shape_key(target.lm_head)
     # the plan: torch's default for 1-2 rows, the packed kernel from 4 (what the AMX Xeon measured)
     target.use_kernels(KernelPlan({head_key: [DEFAULT, DEFAULT] + [ONEDNN] * (len(ROW_BUCKETS) - 2)}))
+    assert target.fast_linears.extra_bytes == target.lm_head.weight.numel() * 4   # one packed copy, no second
     packed_calls = []
-    packed = target.output_head
-    target.output_head = lambda h: packed_calls.append(h.shape[0]) or packed(h)
+    packed_call = PackedLinear.__call__
+
+    def spy(self, x):
+        if self.linear is target.lm_head:
+            packed_calls.append(x.numel() // x.shape[-1])
+        return packed_call(self, x)
+    monkeypatch.setattr(PackedLinear, "__call__", spy)
     for rows in (1, 2, 4, 8):
         ids, pos = torch.arange(3, 3 + rows), torch.arange(rows)
         logits, _ = target.forward(ids, pos, target.new_cache())

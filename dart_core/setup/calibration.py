@@ -80,9 +80,8 @@ def kernel_plan(target: TargetModel, recalibrate: bool = False) -> KernelPlan | 
     if not target.hardware.is_cpu:
         return None
     # the output layer is measured with them: its packed kernel loses to the default for 1-2 rows on some CPUs
-    linears = decoder_linears(target.model) + ([target.lm_head] if target.output_head is not None else [])
     plan = cached(machine_key(target, "kernels", "output-layer"), recalibrate,
-                  lambda: measure_plan(linears, target.hardware),
+                  lambda: measure_plan(target.planned_linears(), target.hardware),
                   KernelPlan.from_dict, KernelPlan.to_dict, "the kernels per shape")
     return plan if plan.choices else None
 
@@ -115,8 +114,8 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
     """t(k) for the loaded model on this machine (measured with the kernels in use)."""
     kernels = json.dumps(target.fast_linears.plan.to_dict()["choices"], sort_keys=True) \
         if target.fast_linears is not None else ""
-    # the output layer's implementation too: a faster one (MkldnnLinear became PackedLinear) changes the curve
-    output = type(target.output_head).__name__ if target.output_head is not None else "model"
+    # who applies the output layer too: ours (its kernel in the plan) or the model's own forward
+    output = "own-output-layer" if target.own_output_layer else "model"
     name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}|{output}|"
                                        f"{CURVE_FIT}")
     return cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
