@@ -195,3 +195,7 @@ def test_the_output_layer_takes_the_kernel_the_plan_measured_for_its_rows(tmp_pa
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     plan = calibration.kernel_plan(TargetModel(base.model, hardware=capable))
     assert head_key in plan.choices and set(plan.timings[head_key]) == {DEFAULT, ONEDNN}
+    # a target that leaves the output layer to the model measures its own plan: the one above is not read for it
+    model_applies_it = TargetModel(base.model, hardware=capable)
+    model_applies_it.own_output_layer = False
+    assert head_key not in calibration.kernel_plan(model_applies_it).choices

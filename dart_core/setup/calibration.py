@@ -79,9 +79,11 @@ def kernel_plan(target: TargetModel, recalibrate: bool = False) -> KernelPlan | 
     """The kernel per linear shape and row count for this machine (None where only the default kernel exists)."""
     if not target.hardware.is_cpu:
         return None
-    # the output layer is measured with them: its packed kernel loses to the default for 1-2 rows on some CPUs
-    plan = cached(machine_key(target, "kernels", "output-layer"), recalibrate,
-                  lambda: measure_plan(target.planned_linears(), target.hardware),
+    # keyed by every shape it plans for, the output layer's too where our forwards apply it (its packed kernel loses
+    # to the default for 1-2 rows on some CPUs): a plan measured without it is never read for a target that has it
+    linears = target.planned_linears()
+    planned = json.dumps(sorted({shape_key(m) for m in linears}))
+    plan = cached(machine_key(target, "kernels", planned), recalibrate, lambda: measure_plan(linears, target.hardware),
                   KernelPlan.from_dict, KernelPlan.to_dict, "the kernels per shape")
     return plan if plan.choices else None
 
