@@ -179,25 +179,26 @@ def _best_time(fns, x, rounds: int) -> float:
 
 
 DTYPE_ROWS = (1, 8)      # the rows of a plain step and of a typical verify, where dtypes are compared
+BATCH_ROWS = (32, 256)   # batched work: a generation step over 32 prompts, a training sequence's forward
 MAX_PER_SHAPE = 16       # linears timed per shape when comparing dtypes: past the caches, and quick
 
 
 @torch.inference_mode()
 def measure_dtypes(linears: list[torch.nn.Linear], hardware: Hardware, dtypes=(torch.float32, torch.bfloat16),
-                   rounds: int = 2) -> dict[str, list[float]]:
-    """Seconds of one pass over the linears (as a forward makes it) at each of DTYPE_ROWS, per dtype, each shape
-    on the fastest kernel this machine has for it in that dtype. Timed on copies of up to MAX_PER_SHAPE weights
-    per shape (scaled to all of them), so the model itself is not touched."""
+                   rounds: int = 2, rows_measured: tuple[int, ...] = DTYPE_ROWS) -> dict[str, list[float]]:
+    """Seconds of one pass over the linears (as a forward makes it) at each of `rows_measured`, per dtype, each
+    shape on the fastest kernel this machine has for it in that dtype. Timed on copies of up to MAX_PER_SHAPE
+    weights per shape (scaled to all of them), so the model itself is not touched."""
     groups = by_shape(linears)
     out = {}
     for dtype in dtypes:
-        total = [0.0] * len(DTYPE_ROWS)
+        total = [0.0] * len(rows_measured)
         for group in groups.values():
             sample = [_copy_as(m, dtype) for m in group[:MAX_PER_SHAPE]]
             fns = [[lambda x, m=m: F.linear(x, m.weight, m.bias) for m in sample]]
             if ONEDNN in available_kernels(hardware, dtype):
                 fns.append([packed_linear(m, hardware) for m in sample])
-            for j, rows in enumerate(DTYPE_ROWS):
+            for j, rows in enumerate(rows_measured):
                 x = torch.randn(rows, sample[0].in_features, dtype=dtype, device=sample[0].weight.device)
                 total[j] += len(group) / len(sample) * min(_best_time(f, x, rounds) for f in fns)
         out[str(dtype).removeprefix("torch.")] = total

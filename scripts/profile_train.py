@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dart_core.kernels import BATCH_ROWS  # noqa: E402
 from dart_core.setup.loading import load_target, stop_ids  # noqa: E402
 from dart_core.tools.train import gather_records, unigram_counts  # noqa: E402
 from dart_core.training import trainer as trainer_mod  # noqa: E402
@@ -88,7 +89,7 @@ def instrument(trainer: Trainer, marks: Marks) -> None:
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="default")
-    p.add_argument("--target-dtype", default="bf16", help="the target's dtype (train's --dtype; default bf16)")
+    p.add_argument("--target-dtype", default="fast", help="the target's dtype (train's --dtype; default fast)")
     p.add_argument("--no-bf16", action="store_true", help="the head in fp32 (no bf16 autocast)")
     p.add_argument("--feature-cache", default=None, help="train's --feature-cache (run twice: the second run reads)")
     p.add_argument("--steps", type=int, default=8)
@@ -108,7 +109,7 @@ def main() -> int:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.model, "cpu", args.target_dtype)
+    target = load_target(args.model, "cpu", args.target_dtype, rows_measured=BATCH_ROWS)
     need = args.steps * args.accumulate + 8
     records, _ = gather_records(target.tokenizer, [], need * 2, 512, 0)
     records = records[:need]
@@ -152,6 +153,8 @@ def main() -> int:
                                                                   max_name_column_width=50))
     else:
         trainer.fit(next_sequence)
+    args.target_dtype = str(target.dtype).removeprefix("torch.")   # what ran: 'fast' resolved, and
+    args.no_bf16 = not trainer.bf16                                   # the head's autocast only where native
     report(marks.per_step[args.skip: args.steps], anchors_per_step[args.skip: args.steps], args)
     return 0
 

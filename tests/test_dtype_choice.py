@@ -54,7 +54,7 @@ def test_the_choice_is_cached_per_machine(tmp_path, monkeypatch):
     model, hw = tiny_target("llama").model, detect()
     calls = []
     monkeypatch.setattr(dtype_choice, "measure_dtypes",
-                        lambda linears, hardware: calls.append(1) or times((1.0, 2.0), (0.5, 1.0)))
+                        lambda linears, hardware, **_: calls.append(1) or times((1.0, 2.0), (0.5, 1.0)))
     assert choose_cpu_dtype(model, hw).dtype == "bf16" and len(calls) == 1
     assert choose_cpu_dtype(model, hw).dtype == "bf16" and len(calls) == 1      # read back
     assert choose_cpu_dtype(model, hw.without("onednn_bf16")).dtype == "bf16" and len(calls) == 1
@@ -69,7 +69,7 @@ def test_fast_loads_the_measured_dtype_and_auto_the_lossless_one(measured, tmp_p
     tiny_target("llama").model.save_pretrained(folder)
     qwen_style_tokenizer(PLAIN_TEMPLATE).save_pretrained(folder)   # any tokenizer: loading needs one
     fast = times((1.0, 2.0), (0.5, 1.0)) if measured == "bf16" else times((1.0, 2.0), (0.5, 5.0))
-    monkeypatch.setattr(dtype_choice, "measure_dtypes", lambda linears, hardware: fast)
+    monkeypatch.setattr(dtype_choice, "measure_dtypes", lambda linears, hardware, **_: fast)
     target = load_target(str(folder), "cpu", "fast")
     assert dtype_name(target.dtype) == measured and target.dtype_choice.dtype == measured
     assert all(p.dtype == target.dtype for p in target.model.parameters())
@@ -110,3 +110,45 @@ def test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster():
     assert parse_dtypes("auto", lambda: slower) == ["fp32"]
     assert parse_dtypes("auto", lambda: faster) == ["fp32", "bf16"]
     assert parse_dtypes("bf16,fp32", lambda: pytest.fail("an explicit list measures nothing")) == ["bf16", "fp32"]
+
+
+def test_batched_work_measures_at_its_own_rows_and_caches_apart(tmp_path, monkeypatch, capable):
+    """Training and batched generation compare the dtypes at BATCH_ROWS: a CPU without native bf16 can win at one
+    row in bf16 (half the bytes) and lose many times over at a training sequence's rows (the AVX2 EPYC: 26 against
+    120 anchor tokens/s, docs/head-training.md)."""
+    from dart_core.kernels import BATCH_ROWS
+    from dart_core.tools.train import _load
+    from tests.train_fixtures import save_tiny_qwen3
+
+    target = tiny_target("llama")
+    seconds = measure_dtypes(decoder_linears(target.model), capable, rounds=1, rows_measured=BATCH_ROWS)
+    assert all(len(v) == len(BATCH_ROWS) and all(t > 0 for t in v) for v in seconds.values())
+
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
+    asked = []
+
+    def measured(linears, hardware, rows_measured=DTYPE_ROWS, **_):  # bf16 wins at decoding's rows only
+        asked.append(tuple(rows_measured))
+        slow = rows_measured == BATCH_ROWS
+        return times([1.0] * len(rows_measured), [5.0 if slow else 0.5] * len(rows_measured))
+
+    monkeypatch.setattr(dtype_choice, "measure_dtypes", measured)
+    folder = tmp_path / "model"
+    save_tiny_qwen3(folder)
+    for_training, _ = _load(str(folder), "fast", "cpu")   # what `train` and `train-data` load by default
+    assert dtype_name(for_training.dtype) == "fp32" and asked == [BATCH_ROWS]
+    assert f"{BATCH_ROWS[-1]} rows" in for_training.dtype_choice.reason
+    for_decoding = load_target(str(folder), "cpu", "fast")
+    assert dtype_name(for_decoding.dtype) == "bf16" and asked == [BATCH_ROWS, DTYPE_ROWS]
+    _load(str(folder), "fast", "cpu")                      # read back from its own cache file
+    assert asked == [BATCH_ROWS, DTYPE_ROWS]
+    assert len(list((tmp_path / "cache" / "calibration").glob("dtype-*.json"))) == 2
+
+
+def test_train_and_train_data_default_to_the_measured_dtype():
+    from dart_core.tools.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["train", "--out", "x"]).dtype == "fast"
+    assert parser.parse_args(["train-data", "generate", "--out", "x"]).dtype == "fast"
+    assert parser.parse_args(["generate", "--prompt", "hi"]).dtype == "auto"   # decoding stays lossless

@@ -368,3 +368,27 @@ def test_a_checkpoint_resumes_only_in_its_own_format(data, tmp_path):
     other = Trainer(target, seqs[:6], seqs[:2], replace(cfg, head_format="authors"), tmp_path / "r", stop_ids={2})
     with pytest.raises(TrainingError, match="a run with --format dartlab; resume it with --format dartlab"):
         other.resume()
+
+
+def test_generated_responses_are_greedy_resume_and_skip_prompts_answered_before(tmp_path, monkeypatch):
+    from dart_core.training.data import generate_responses, read_jsonl, sharegpt_prompts
+    from tests.train_fixtures import _text, word_tokenizer
+
+    rng = random.Random(1)
+    convs = [[{"role": "user", "content": _text(rng, 3, 9)}, {"role": "assistant", "content": "w1"}]
+             for _ in range(7)]
+    monkeypatch.setattr(data_mod, "iter_sharegpt", lambda: iter(convs))
+    tok, target = word_tokenizer(), tiny_target("qwen3", vocab=96, seed=4)
+    order = [pid for pid, _ in sharegpt_prompts(tok, 7, 192)]
+    out = tmp_path / "responses.jsonl"
+
+    def answer(limit, skip=0):
+        return generate_responses(target.model, tok, out, limit=limit, batch_size=2, max_new_tokens=6, skip=skip)
+
+    assert answer(3) == 3
+    assert answer(3) == 0  # resumed: those prompts are answered already
+    assert answer(2, skip=3) == 2  # the next two, none of the first three again
+    records = read_jsonl(out)
+    assert sorted(r["id"] for r in records) == sorted(order[:5])
+    for r in records:  # batched, left-padded generation gives each prompt's own greedy answer
+        assert r["response_ids"] == plain_greedy_reference(target, r["prompt_ids"], 6)

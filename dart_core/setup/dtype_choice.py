@@ -10,6 +10,10 @@ yet lose at eight (a verify). So the choice times one pass over the model's deco
 row and at eight, each on its fastest kernel here (`kernels.measure_dtypes`, cached per machine), and takes bf16 only
 where it wins both by BF16_MARGIN (measurements: docs/cpu-speed.md#measured-the-dtype-choice). On a GPU, bf16 where
 the GPU supports it, else fp16. The bench's default dtype list is fp32, plus bf16 where `fast` takes it.
+
+Batched work (training the head, generating its training data) runs many rows per forward, where a CPU without
+native bf16 is slowest in bf16: `train` and `train-data` measure at `kernels.BATCH_ROWS` instead
+(docs/head-training.md).
 """
 
 from __future__ import annotations
@@ -26,23 +30,27 @@ LOSSLESS = "fp32"        # the one dtype in which a k-token verify rounds as k o
 BF16_MARGIN = 0.9        # bf16 must take at most this share of fp32's time, at every row count measured
 
 
-def decide(seconds: dict[str, list[float]]) -> DtypeChoice:
-    """The choice from measured times (`kernels.measure_dtypes`' result)."""
+def decide(seconds: dict[str, list[float]], rows_measured: tuple[int, ...] = DTYPE_ROWS) -> DtypeChoice:
+    """The choice from measured times (`kernels.measure_dtypes`' result at `rows_measured`)."""
     fp32, bf16 = seconds["float32"], seconds["bfloat16"]
     ratios = [b / f for b, f in zip(bf16, fp32)]
     said = ", ".join(f"{r} row{'s' if r > 1 else ''} {b * 1e3:.1f} vs {f * 1e3:.1f} ms"
-                     for r, b, f in zip(DTYPE_ROWS, bf16, fp32))
+                     for r, b, f in zip(rows_measured, bf16, fp32))
     detail = f" (decoder linears, bf16 vs fp32: {said})"
     if all(r <= BF16_MARGIN for r in ratios):
         return DtypeChoice.because("bf16", "faster than fp32 here", detail, seconds)
     return DtypeChoice.because("fp32", "bf16 is not faster here", detail, seconds)
 
 
-def choose_cpu_dtype(model, hardware: Hardware, recalibrate: bool = False) -> DtypeChoice:
-    """The dtype for `model` (loaded in fp32) on this CPU, measured once per machine and model shapes."""
-    name = model_key(hardware, model, "auto", "dtype")
-    return cached(name, recalibrate, lambda: measure_dtypes(decoder_linears(model), hardware),
-                  decide, lambda seconds: seconds, "the fastest dtype")
+def choose_cpu_dtype(model, hardware: Hardware, recalibrate: bool = False,
+                     rows_measured: tuple[int, ...] = DTYPE_ROWS) -> DtypeChoice:
+    """The dtype for `model` (loaded in fp32) on this CPU at `rows_measured` (DTYPE_ROWS: decoding; BATCH_ROWS:
+    batched work), measured once per machine, model shapes and rows."""
+    extra = "" if rows_measured == DTYPE_ROWS else f"rows {list(rows_measured)}"
+    name = model_key(hardware, model, "auto", "dtype", extra)
+    return cached(name, recalibrate,
+                  lambda: measure_dtypes(decoder_linears(model), hardware, rows_measured=rows_measured),
+                  lambda seconds: decide(seconds, rows_measured), lambda seconds: seconds, "the fastest dtype")
 
 
 def lossless_choice() -> DtypeChoice:

@@ -19,6 +19,7 @@ from ..context_ngram import ContextNGram
 from ..errors import DartError
 from ..hardware import Hardware, detect
 from ..head_formats import load_head
+from ..kernels import DTYPE_ROWS
 from ..machine import DraftKernelChoice
 from ..methods import DART_PLD, METHODS, PLD, VANILLA, uses_head
 from ..ngram import NGramModel
@@ -40,11 +41,13 @@ class SetupError(DartError):
 
 
 def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AUTO,
-                recalibrate: bool = False, hardware: Hardware | None = None) -> TargetModel:
+                recalibrate: bool = False, hardware: Hardware | None = None,
+                rows_measured: tuple[int, ...] = DTYPE_ROWS) -> TargetModel:
     """The target, with its decoder linears on the kernels measured fastest on this machine (cached per machine;
     recalibrate measures again). dtype 'auto': lossless fp32; 'fast': the dtype measured fastest here (see
     dart_core.setup.dtype_choice); the choice and its reason are in `target.dtype_choice`. hardware: what the
-    kernels may use (default: what this machine has; tests turn capabilities on and off)."""
+    kernels may use (default: what this machine has; tests turn capabilities on and off). rows_measured: where
+    'fast' compares the dtypes on a CPU (kernels.DTYPE_ROWS for decoding, BATCH_ROWS for batched work)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here")
     # auto is lossless (fp32); fast is decided before the load on a GPU, measured on the fp32 model on a CPU
@@ -54,7 +57,7 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
     parse_dtype(load_as)  # a clear error before the slow load
     hf_model, tokenizer = load_model_and_tokenizer(model, device=device, dtype=load_as)
     if dtype == FAST and choice is None:
-        choice = choose_cpu_dtype(hf_model, hardware or detect(device), recalibrate)
+        choice = choose_cpu_dtype(hf_model, hardware or detect(device), recalibrate, rows_measured)
         hf_model.to(parse_dtype(choice.dtype))
     target = TargetModel(hf_model, tokenizer, hardware)
     target.dtype_choice = choice

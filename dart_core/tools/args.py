@@ -17,6 +17,9 @@ DRAFT_INT8_HELP = ("DART drafts with an int8 copy of its head: 'auto' (the defau
 DTYPE_HELP = ("'auto' (the default): fp32, the dtype in which DART is token-identical to plain decoding; 'fast': the "
               "dtype measured fastest here (bf16 only where it beats fp32; not token-identical); or fp32, bf16, fp16 "
               "(the choice and why are in --json)")
+BATCH_DTYPE_HELP = ("'fast' (the default): bf16 where it measures faster than fp32 at the rows of batched work (32 and "
+                    "256 rows: a CPU without native bf16 is far slower in it), else fp32; or auto (fp32), fp32, bf16, "
+                    "fp16")
 
 
 class CliError(DartError):
@@ -38,13 +41,13 @@ HUB_HELP = (f"let hub ids be downloaded (through huggingface_hub); without it (o
             "cache is read and nothing is ever downloaded")
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, dtype_default: str = "auto", dtype_help: str = DTYPE_HELP) -> None:
     p.add_argument("--model", default="default", help=MODEL_HELP)
     p.add_argument("--draft", default="default", help=DRAFT_HELP)
     p.add_argument("--ngram", default="default", help=NGRAM_HELP)
     p.add_argument("--hub", action="store_true", help=HUB_HELP)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
+    p.add_argument("--dtype", default=dtype_default, choices=DTYPE_CHOICES, help=dtype_help)
     p.add_argument("--draft-int8", default="auto", choices=["auto", "on", "off"], help=DRAFT_INT8_HELP)
     p.add_argument("--recalibrate", action="store_true",
                    help="measure this machine's kernels and verify cost curve again (they are cached per machine)")

@@ -20,6 +20,7 @@ import torch
 
 from ..draft_head import DraftHeadError
 from ..head_formats import authors_compatible, load_head
+from ..kernels import BATCH_ROWS
 from ..setup.loading import load_ngram, load_target, stop_ids
 from ..setup.models import resolve_model_path
 from ..training import distributed
@@ -27,7 +28,7 @@ from ..training.chats import TrainingDataError, chat_file_records, read_chats
 from ..training.data import (cached_example, fixed_heldout, generate_responses, read_jsonl, same_source,
                              sequence_example, sharegpt_sequences, stdlib_code_sequences)
 from ..training.trainer import FORMATS, Trainer, TrainConfig
-from .args import THINKING_HELP, CliError, add_model_args
+from .args import BATCH_DTYPE_HELP, DTYPE_CHOICES, THINKING_HELP, CliError, add_model_args
 
 TRAINABLE = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}   # model_type -> name: what the trainer serves
 
@@ -38,15 +39,16 @@ def register(sub) -> None:
     g.add_argument("--model", default="default")
     g.add_argument("--out", required=True, help="jsonl file (appended; an interrupted run resumes)")
     g.add_argument("--limit", type=int, default=2000, help="prompts to answer")
+    g.add_argument("--skip", type=int, default=0,
+                   help="leave out the first N prompts (answered before, into a file this machine lacks)")
     g.add_argument("--batch-size", type=int, default=32)
     g.add_argument("--max-new-tokens", type=int, default=256)
-    g.add_argument("--dtype", default="bf16")
+    g.add_argument("--dtype", default="fast", choices=DTYPE_CHOICES, help=BATCH_DTYPE_HELP)
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     g.set_defaults(handler=cmd_train_data)
 
     t = sub.add_parser("train", help="train a DART draft head")
-    add_model_args(t)
-    t.set_defaults(dtype="bf16")
+    add_model_args(t, dtype_default="fast", dtype_help=BATCH_DTYPE_HELP)
     t.add_argument("--responses", action="append", default=[], help="jsonl from train-data generate (repeatable)")
     t.add_argument("--sharegpt", type=int, default=20000, help="ShareGPT conversations as written (0 = none)")
     t.add_argument("--code", type=int, default=0,
@@ -92,7 +94,7 @@ def register(sub) -> None:
 
 
 def _load(model: str, dtype: str, device: str):
-    target = load_target(model, device, dtype)
+    target = load_target(model, device, dtype, rows_measured=BATCH_ROWS)
     return target, stop_ids(target)
 
 
@@ -100,9 +102,11 @@ def cmd_train_data(args) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
         raise CliError(f"cannot write {out}: folder {out.parent} does not exist")
+    if args.limit < 1 or args.skip < 0:
+        raise CliError(f"--limit must be at least 1 and --skip at least 0 (got {args.limit}, {args.skip})")
     target, stops = _load(args.model, args.dtype, args.device)
     n = generate_responses(target.model, target.tokenizer, out, limit=args.limit, batch_size=args.batch_size,
-                           max_new_tokens=args.max_new_tokens, stop_ids=stops)
+                           max_new_tokens=args.max_new_tokens, stop_ids=stops, skip=args.skip)
     print(f"wrote {n} responses to {out}")
     return 0
 
@@ -271,4 +275,5 @@ def split_heldout(records: list[dict], args, tokenizer) -> tuple[list[dict], lis
 def _target_record(name: str, config: dict, target) -> dict:
     return {"model": name, "model_type": config.get("model_type"), "architectures": config.get("architectures"),
             "layers": target.num_layers, "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
-            "dtype": str(target.dtype).removeprefix("torch.")}
+            "dtype": str(target.dtype).removeprefix("torch."),
+            "dtype_choice": target.dtype_choice.reason if target.dtype_choice else "asked for"}

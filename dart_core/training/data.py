@@ -173,10 +173,14 @@ def read_jsonl(path) -> list[dict]:
 
 @torch.inference_mode()
 def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size: int = 32,
-                       max_new_tokens: int = 256, max_prompt_tokens: int = 192, stop_ids=(), seed: int = 0) -> int:
-    """Answer ShareGPT prompts greedily with the target; append records to `out_path`. Returns records written."""
+                       max_new_tokens: int = 256, max_prompt_tokens: int = 192, stop_ids=(), seed: int = 0,
+                       skip: int = 0) -> int:
+    """Answer ShareGPT prompts greedily with the target; append records to `out_path`. Returns records written.
+    The prompts are the `limit` after the first `skip` in a fixed order: a machine that lacks the file an earlier
+    one wrote can answer new prompts instead of the same ones again."""
     done = {r["id"] for r in read_jsonl(out_path)}
-    todo = [p for p in sharegpt_prompts(tokenizer, limit, max_prompt_tokens, seed) if p[0] not in done]
+    prompts = sharegpt_prompts(tokenizer, skip + limit, max_prompt_tokens, seed)[skip:]
+    todo = [p for p in prompts if p[0] not in done]
     todo.sort(key=lambda p: len(p[1]))  # similar lengths per batch: little padding
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     written = 0
