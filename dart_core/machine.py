@@ -148,12 +148,6 @@ class KernelsInUse:
     choices: dict[str, list[str]]
     extra_mb: float = 0.0
 
-    def text(self) -> str:
-        """'oneDNN in 9 of 35 shape x row choices, 62.3 MB packed'."""
-        picks = [k for chosen in self.choices.values() for k in chosen]
-        return f"oneDNN in {sum(k == 'onednn' for k in picks)} of {len(picks)} shape x row choices, " \
-               f"{self.extra_mb} MB packed"
-
     def to_dict(self) -> dict:
         return {"buckets": list(self.buckets), "choices": {k: list(v) for k, v in self.choices.items()},
                 "extra_mb": self.extra_mb}

@@ -97,7 +97,6 @@ def test_the_kernels_in_use_keep_their_file_form():
                "extra_mb": 62.3}   # what FastLinears.summary() wrote as a plain dict, in traces and --json
     kernels = KernelsInUse.from_dict(written)
     assert kernels.to_dict() == written and through_json(kernels) == kernels
-    assert kernels.text() == "oneDNN in 3 of 6 shape x row choices, 62.3 MB packed"
     machine = MachineRecord(summary="a CPU", kernels=kernels)
     assert through_json(machine).kernels == kernels and machine.to_dict()["kernels"] == written
 

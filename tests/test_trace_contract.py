@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -121,3 +122,16 @@ def test_an_engine_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(generate, "load", bug)
     with pytest.raises(RuntimeError, match="draft cache out of step"):
         main(["generate", "--prompt", "hi"])
+
+
+@pytest.mark.parametrize("method", ["vanilla", "dart"])
+def test_generate_json_says_where_it_ran_as_its_trace_records_it(method, tmp_path, capsys):
+    path = tmp_path / "run.json"
+    assert main(["generate", "--method", method, "--prompt", PROMPT, "--max-new-tokens", "6", "--json",
+                 "--trace", str(path)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    machine = Trace.load(path).settings.machine
+    assert {k: printed[k] for k in machine.to_dict()} == json.loads(json.dumps(machine.to_dict()))
+    assert printed["kernels"] is not None and printed["dtype_choice"]["reason"]
+    # a head's runs say how it drafted, and with the automatic budget the cost curve that sized the tree
+    assert ("draft_kernels" in printed) == (printed["cost_curve"] is not None) == uses_head(method)

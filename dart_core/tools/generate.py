@@ -72,10 +72,7 @@ def cmd_generate(args) -> int:
     result = {"method": args.method, "token_ids": trace.output_ids, "text": text, "steps": metrics.verify_steps,
               "tau": round(metrics.tau, 4), "tokens_per_s": round(metrics.tokens_per_s, 3),
               "stop_reason": trace.steps[-1].stop_reason, "metrics": figures,
-              "hardware": target.hardware.to_dict(), "dtype": loaded.dtype,
-              "dtype_choice": target.dtype_choice.to_dict() if target.dtype_choice else None,
-              "draft_kernels": loaded.draft_choice.to_dict() if loaded.draft_choice else None,
-              "kernels": target.fast_linears.summary().to_dict() if target.fast_linears else None,
+              **trace.settings.machine.to_dict(),   # where it ran, as the trace records it
               "node_budget": budget_summary(trace, figures["node_budgets"])}
     if args.json:
         print(json.dumps(result))
