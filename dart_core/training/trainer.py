@@ -253,7 +253,8 @@ class SoftCrossEntropy(torch.autograd.Function):
         out = torch.empty_like(flat)
         for i in range(0, flat.shape[0], LOSS_CHUNK_ROWS):
             rows = slice(i, i + LOSS_CHUNK_ROWS)
-            g = flat[rows].float().sub_(shift[rows]).exp_().mul_(scale[rows])
+            # out of place first: for fp32 logits `.float()` is the saved tensor itself, which must stay unchanged
+            g = (flat[rows].float() - shift[rows]).exp_().mul_(scale[rows])
             out[rows] = g.scatter_add_(-1, ids[rows], minus_p[rows])   # in float: rounded once, as autograd's
         return out.view(logits.shape), None, None
 
