@@ -9,7 +9,7 @@ compares with series measured on the same held-out set (its `heldout` name); the
     python -m scripts.learning_curve draw
 
 The fit: row-0 top-1 (and chain tau) linear in ln(tokens) over a set's heads at the end of a schedule (a run's
-last evaluation, and the step-0 evaluation of a run continued from a trained head, which is that head's score), at
+last evaluation when it reached its schedule's last step, and the step-0 evaluation of a run continued from a trained head, which is that head's score), at
 1M tokens and beyond, where the early, fast part of the curve is over. Points inside a schedule are left out of the
 fit: there the learning rate's warm-up and decay move the metrics as much as the data does (a continued run first
 dips, then climbs as its rate anneals). A straight line in ln(tokens) is optimistic if the curve keeps bending down,
@@ -51,11 +51,13 @@ def run_points(run: Path) -> tuple[list[dict], dict]:
     metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
     before = lineage_tokens(metrics.get("started_from"))
     per_step = state["tokens_seen"] / max(state["step"], 1)
+    schedule = (metrics.get("train_config") or {}).get("max_steps")   # a run stopped before it did not anneal
     points = []
     for i, h in enumerate(state["history"]):
         exact = "tokens_seen" in h
         tokens = h["tokens_seen"] if exact else round(h["step"] * per_step)
-        ended = i == len(state["history"]) - 1 or (h["step"] == 0 and before > 0)   # a schedule's end (see fit)
+        last = i == len(state["history"]) - 1 and (schedule is None or h["step"] >= schedule)
+        ended = last or (h["step"] == 0 and before > 0)   # a schedule's end (see fit)
         points.append({"step": h["step"], "tokens": before + int(tokens), "estimated": not exact, "endpoint": ended,
                        "row0_top1": h["row_top1"][0], "chain_tau": h["chain_tau"],
                        "top3_tau_bound": h.get("top3_tau_bound")})
