@@ -9,11 +9,11 @@ compares with series measured on the same held-out set (its `heldout` name); the
     python -m scripts.learning_curve draw
 
 The fit: row-0 top-1 (and chain tau) linear in ln(tokens) over a set's heads at the end of a schedule (a run's
-last evaluation when it reached its schedule's last step, and the step-0 evaluation of a run continued from a trained head, which is that head's score), at
-1M tokens and beyond, where the early, fast part of the curve is over. Points inside a schedule are left out of the
-fit: there the learning rate's warm-up and decay move the metrics as much as the data does (a continued run first
-dips, then climbs as its rate anneals). A straight line in ln(tokens) is optimistic if the curve keeps bending down,
-so the tokens it predicts for a target are a lower bound.
+last evaluation when it reached its schedule's last step, and the step-0 evaluation of a run continued from a
+trained head, which is that head's score), at 1M tokens and beyond, where the early, fast part of the curve is
+over. Points inside a schedule are left out of the fit: there the learning rate's warm-up and decay move the
+metrics as much as the data does (a continued run first dips, then climbs as its rate anneals). A straight line in
+ln(tokens) is optimistic if the curve keeps bending down, so the tokens it predicts for a target are a lower bound.
 """
 
 from __future__ import annotations
