@@ -153,15 +153,15 @@ def main() -> int:
                                                                   max_name_column_width=50))
     else:
         trainer.fit(next_sequence)
-    args.target_dtype = str(target.dtype).removeprefix("torch.")   # what ran: 'fast' resolved, and
-    args.no_bf16 = not trainer.bf16                                   # the head's autocast only where native
-    report(marks.per_step[args.skip: args.steps], anchors_per_step[args.skip: args.steps], args)
+    ran = {"target_dtype": str(target.dtype).removeprefix("torch."),  # 'fast' resolved to what ran, and
+           "head_bf16": trainer.bf16}                                 # the head's autocast only where native
+    report(marks.per_step[args.skip: args.steps], anchors_per_step[args.skip: args.steps], args, ran)
     return 0
 
 
-def report(steps: list[dict], anchors: list[int], args) -> None:
+def report(steps: list[dict], anchors: list[int], args, ran: dict) -> None:
     """The per-phase table, and anchors per second: over all measured steps, and the median of the steps' own rates
-    (robust to a step slowed by another process on these 2 cores)."""
+    (robust to a step slowed by another process on these 2 cores). `ran`: the dtypes that ran, not those asked."""
     total = {p: sum(s.get(p, 0.0) for s in steps) for p in PHASES}
     seconds = sum(total.values())
     n = len(steps)
@@ -171,7 +171,7 @@ def report(steps: list[dict], anchors: list[int], args) -> None:
     result = {"steps": n, "anchors_per_step": sum(anchors) / n, "seconds_per_step": round(seconds / n, 3),
               "anchor_tokens_per_s": round(sum(anchors) / seconds, 1),
               "median_step_anchor_tokens_per_s": round(rates[n // 2], 1), "threads": torch.get_num_threads(),
-              "target_dtype": args.target_dtype, "head_bf16": not args.no_bf16, "feature_cache": args.feature_cache, "n_mask": args.n_mask,
+              **ran, "feature_cache": args.feature_cache, "n_mask": args.n_mask,
               "anchors": args.anchors, "accumulate": args.accumulate, "phases": rows}
     print("| phase | ms per step | share |\n|---|---|---|")
     for r in rows:
