@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dart_core.kernels import BATCH_ROWS  # noqa: E402
+from dart_core.machine import dtype_spelling  # noqa: E402
 from dart_core.setup.loading import load_target, stop_ids  # noqa: E402
 from dart_core.tools.train import gather_records, unigram_counts  # noqa: E402
 from dart_core.training import trainer as trainer_mod  # noqa: E402
@@ -153,7 +154,7 @@ def main() -> int:
                                                                   max_name_column_width=50))
     else:
         trainer.fit(next_sequence)
-    ran = {"target_dtype": str(target.dtype).removeprefix("torch."),  # 'fast' resolved to what ran, and
+    ran = {"target_dtype": dtype_spelling(target.dtype),             # 'fast' resolved to what ran, and
            "head_bf16": trainer.bf16}                                 # the head's autocast only where native
     report(marks.per_step[args.skip: args.steps], anchors_per_step[args.skip: args.steps], args, ran)
     return 0
