@@ -51,7 +51,11 @@ def run_points(run: Path) -> tuple[list[dict], dict]:
     metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
     before = lineage_tokens(metrics.get("started_from"))
     per_step = state["tokens_seen"] / max(state["step"], 1)
-    schedule = (metrics.get("train_config") or {}).get("max_steps")   # a run stopped before it did not anneal
+    config = metrics.get("train_config") or {}
+    schedule = config.get("max_steps")   # a run stopped before it did not anneal
+    if config.get("schedule") == "time":   # it annealed by its time limit, if its last session ran that long
+        spent = ((state.get("sessions") or [{}])[-1]).get("minutes", 0.0)
+        schedule = state["step"] if spent >= 0.95 * (config.get("minutes") or 0) else schedule
     points = []
     for i, h in enumerate(state["history"]):
         exact = "tokens_seen" in h

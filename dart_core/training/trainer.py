@@ -60,6 +60,7 @@ class TrainConfig:
     warmup: int = 100
     max_steps: int = 10_000          # optimizer steps (the schedule length)
     minutes: float = 0.0             # stop after this long (0 = no limit); the schedule still uses max_steps
+    schedule: str = "steps"          # "time": the cosine also runs out with `minutes` (a device of unknown speed)
     eval_every: int = 200
     seed: int = 0
     bf16: bool = True                # autocast the head's matmuls to bf16 where the device computes bf16 natively
@@ -343,12 +344,23 @@ class Trainer:
         return t2d
 
     # schedule: linear warmup, cosine to 10%
-    def lr_at(self, step: int) -> float:
+    def lr_at(self, step: int, time_spent: float = 0.0) -> float:
+        """time_spent: the share of --minutes this session has used; with schedule "time" the cosine is as far as
+        the further of it and the steps, so it ends at the time limit whatever the device's speed."""
         c = self.cfg
         if step < c.warmup:
             return c.lr * (step + 1) / c.warmup
         frac = min(1.0, (step - c.warmup) / max(1, c.max_steps - c.warmup))
+        if c.schedule == "time":
+            frac = max(frac, min(1.0, time_spent))
         return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    def _time_spent(self) -> float:
+        """The share of --minutes used since this session's fit began, the same in every process (their mean)."""
+        if self.cfg.schedule != "time" or not self.cfg.minutes:
+            return 0.0
+        spent = torch.tensor([(time.time() - self._fit_started) / (60 * self.cfg.minutes)], dtype=torch.float64)
+        return float(distributed.summed(spent)[0]) / distributed.world_size()
 
     @property
     def bf16(self) -> bool:
@@ -497,8 +509,9 @@ class Trainer:
         """One optimizer step over `accumulate` sequences per process. Returns the step's anchor tokens and its
         mean loss, row-0 top-1 and chain tau over every process's sequences."""
         c, world = self.cfg, distributed.world_size()
+        lr = self.lr_at(self.step, self._time_spent())
         for group in self.opt.param_groups:
-            group["lr"] = self.lr_at(self.step)
+            group["lr"] = lr
         self.opt.zero_grad(set_to_none=True)
         first = self.sequences_seen + distributed.rank() * c.accumulate  # this process's share of the step
         sums = torch.zeros(5, dtype=torch.float64)   # sequences, anchor tokens, loss, row-0 top-1, chain tau

@@ -1,0 +1,127 @@
+"""Files across the device tool's limits: a call carries at most 64 MiB (the working tree included) and brings back
+at most 8 files of 16 MiB. So a large file travels in parts, each with the digest of the whole, and is joined and
+checked on the other side; and before a call, `size` says what the call would carry.
+
+    python -m scripts.device_payload split FILE DIR --part-mib 30   # DIR/NAME.part00, .part01, ... + NAME.parts.json
+    python -m scripts.device_payload join DIR OUT                    # the parts of DIR joined into OUT, digest checked
+    python -m scripts.device_payload size [CARRIED ...]              # MiB the working tree and carried paths make
+
+A folder is split too (its files, in order, each in parts): `split assets/smollm2-dart-head $OUT/head`, and
+`join` gives the folder back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+LIMIT_MIB = 64           # what one call carries, the working tree included
+BACK_FILE_MIB = 16       # the largest file a call brings back
+MANIFEST = "parts.json"
+
+
+class PayloadError(ValueError):
+    """A part missing or damaged, or a file that does not fit: the message says which."""
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def split(source: Path, out: Path, part_mib: float) -> dict:
+    """Write `source` (a file, or a folder's files) into `out` as parts of at most part_mib MiB; returns the
+    manifest written beside them."""
+    size = int(part_mib * 2**20)
+    if size < 1:
+        raise PayloadError(f"--part-mib must be positive, got {part_mib}")
+    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+    if not files:
+        raise PayloadError(f"{source}: nothing to split")
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {"name": source.name, "folder": source.is_dir(), "files": []}
+    n = 0
+    for path in files:
+        data = path.read_bytes()
+        parts = []
+        for start in range(0, max(len(data), 1), size):
+            name = f"part{n:02d}"
+            (out / name).write_bytes(data[start: start + size])
+            parts.append(name)
+            n += 1
+        relative = path.name if path == source else str(path.relative_to(source))
+        manifest["files"].append({"path": relative, "bytes": len(data), "sha256": _digest(data), "parts": parts})
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def join(parts: Path, out: Path) -> Path:
+    """The file (or folder) that `split` wrote into `parts`, rebuilt at `out` and checked against its digests."""
+    try:
+        manifest = json.loads((parts / MANIFEST).read_text())
+    except (OSError, ValueError) as exc:
+        raise PayloadError(f"{parts}: no readable {MANIFEST} ({exc})") from None
+    for entry in manifest["files"]:
+        missing = [p for p in entry["parts"] if not (parts / p).is_file()]
+        if missing:
+            raise PayloadError(f"{parts}: {entry['path']} lacks {', '.join(missing)} (not carried yet?)")
+        data = b"".join((parts / p).read_bytes() for p in entry["parts"])
+        if len(data) != entry["bytes"] or _digest(data) != entry["sha256"]:
+            raise PayloadError(f"{parts}: {entry['path']} joined to {len(data)} bytes that do not match its digest")
+        target = out / entry["path"] if manifest["folder"] else out
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return out
+
+
+def travelling_bytes(root: Path, carried: list[str]) -> dict[str, int]:
+    """Bytes a device call would carry: the working tree (tracked files present on disk and untracked files git
+    does not ignore) and each carried path."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    tree = sum((root / p).stat().st_size for p in set(listed) if p and (root / p).is_file())
+    sizes = {"working tree": tree}
+    for c in carried:
+        path = root / c
+        sizes[c] = path.stat().st_size if path.is_file() else sum(
+            p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return sizes
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="action", required=True)
+    s = sub.add_parser("split")
+    s.add_argument("source")
+    s.add_argument("out")
+    s.add_argument("--part-mib", type=float, default=BACK_FILE_MIB - 1)
+    j = sub.add_parser("join")
+    j.add_argument("parts")
+    j.add_argument("out")
+    z = sub.add_parser("size")
+    z.add_argument("carried", nargs="*")
+    args = p.parse_args(argv)
+    try:
+        if args.action == "split":
+            m = split(Path(args.source), Path(args.out), args.part_mib)
+            print(f"{args.source}: {sum(len(f['parts']) for f in m['files'])} parts in {args.out}")
+        elif args.action == "join":
+            print(f"joined {join(Path(args.parts), Path(args.out))}")
+        else:
+            sizes = travelling_bytes(Path.cwd(), args.carried)
+            total = sum(sizes.values()) / 2**20
+            for what, n in sizes.items():
+                print(f"{n / 2**20:8.1f} MiB  {what}")
+            print(f"{total:8.1f} MiB  in all, of {LIMIT_MIB}: {'fits' if total <= LIMIT_MIB else 'TOO LARGE'}")
+            return 0 if total <= LIMIT_MIB else 1
+    except (PayloadError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The draft head's training run on a lent GPU, in one device call (at most 10 minutes): the target answers the
+exported prompts (its own responses, the path decoding follows), the head trains on those and on the exported
+text with a schedule that ends annealed at the time limit, and the best head comes back in parts.
+
+    # on the device (scripts/gpu-train.sh wraps this; the model is the default's GGUF, carried in parts)
+    python -m scripts.gpu_train --model .gpu/gguf --data .gpu/data --init-from assets/smollm2-dart-head \
+        --device cuda --generate-seconds 120 --minutes 5 --out $OUT
+    # here, afterwards: the run folder back (the head from its parts, the slim checkpoint beside it)
+    python -m scripts.device_payload join FILES_AT/head runs/gpu-head/best && cp FILES_AT/ckpt.pt runs/gpu-head/
+
+--model: a .gguf file, a transformers folder, or a folder of parts (`device_payload split`) joined first.
+--data: a folder from `python -m dart_core train-data export` (held-out set, text, prompts, as token ids).
+Writes into --out: head/ (the best head, in parts of at most 15 MiB), metrics.json (the best head's), ckpt.pt (the
+run's checkpoint without weights: its held-out history, what `scripts.learning_curve add` reads), summary.json
+(rates: response tokens/s, anchor tokens/s) and train.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dart_core.tools.cli import main as dart
+from dart_core.training.data import read_jsonl
+from dart_core.training.portable import HELDOUT, PROMPTS, TEXT
+from scripts.device_payload import MANIFEST, join, split
+
+
+class Tee:
+    """Writes to the console and to a log file at once (the call's output keeps only its last 12,000 characters)."""
+
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text):
+        for s in self.streams:
+            s.write(text)
+        return len(text)
+
+    def flush(self):
+        for s in self.streams:
+            s.flush()
+
+
+def model_path(model: Path, work: Path) -> str:
+    """A .gguf file or a model folder as given; a folder of parts joined into work/ first."""
+    if model.is_dir() and (model / MANIFEST).is_file():
+        name = json.loads((model / MANIFEST).read_text())["name"]
+        return str(join(model, work / name))
+    return str(model)
+
+
+def run(args) -> dict:
+    work, out = Path(args.work), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    data = Path(args.data)
+    model = model_path(Path(args.model), work)
+    summary: dict = {"device": args.device, "model": model}
+
+    own = work / "own-responses.jsonl"
+    t0 = time.perf_counter()
+    if args.generate_seconds > 0:
+        code = dart(["train-data", "generate", "--model", model, "--device", args.device, "--dtype", args.dtype,
+                     "--prompts-from", str(data / PROMPTS), "--limit", str(args.generate_limit),
+                     "--batch-size", str(args.generate_batch), "--max-new-tokens", str(args.max_new_tokens),
+                     "--seconds", str(args.generate_seconds), "--out", str(own)])
+        if code:
+            raise SystemExit(f"generation failed (exit {code})")
+    answered = read_jsonl(own)
+    seconds = time.perf_counter() - t0
+    response_tokens = sum(len(r["response_ids"]) for r in answered)
+    summary["generation"] = {"responses": len(answered), "response_tokens": response_tokens,
+                             "seconds": round(seconds, 1),
+                             "response_tokens_per_s": round(response_tokens / seconds, 1) if seconds else None}
+    print(f"[gpu-train] {len(answered)} own responses, {response_tokens:,} tokens in {seconds:.0f} s", flush=True)
+
+    run_dir = work / "run"
+    responses = (["--responses", str(own)] if answered else []) + ["--responses", str(data / TEXT)]
+    start = ["--init-from", args.init_from] if args.init_from else []
+    command = ["train", "--model", model, "--device", args.device, *responses, "--sharegpt", "0",
+               "--heldout-file", str(data / HELDOUT), "--schedule", "time", "--minutes", str(args.minutes),
+               "--steps", str(args.steps), "--lr", str(args.lr), "--eval-every", str(args.eval_every),
+               "--vocab-ngram", "none", "--out", str(run_dir), *start, *args.train_args]
+    summary["train_command"] = "python -m dart_core " + " ".join(command)
+    code = dart(command)
+    if code:
+        raise SystemExit(f"training failed (exit {code})")
+    shutil.copy(run_dir / "best" / "metrics.json", out / "metrics.json")
+    split(run_dir / "best", out / "head", args.part_mib)
+    # the checkpoint without its weights and optimizer moments: the learning curve's input (its held-out history)
+    state = {k: v for k, v in torch.load(run_dir / "ckpt.pt", weights_only=False, map_location="cpu").items()
+             if k not in ("head", "opt")}
+    torch.save(state, out / "ckpt.pt")
+    minutes = sum(s.get("minutes", 0.0) for s in state["sessions"])
+    history = state["history"]
+    summary["training"] = {"anchor_tokens": state["tokens_seen"], "steps": state["step"],
+                           "minutes": round(minutes, 2),
+                           "anchor_tokens_per_s": round(state["tokens_seen"] / (60 * minutes)) if minutes else None,
+                           "heldout_first": history[0] if history else None,
+                           "heldout_last": history[-1] if history else None}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="a .gguf file, a model folder, or a folder of parts")
+    p.add_argument("--data", required=True, help="a folder from `train-data export`")
+    p.add_argument("--init-from", default=None, help="the head to continue (none: a new head)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bf16", help="the target's dtype while it answers the prompts")
+    p.add_argument("--generate-seconds", type=float, default=120.0, help="0: no own responses")
+    p.add_argument("--generate-limit", type=int, default=20000)
+    p.add_argument("--generate-batch", type=int, default=512)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--minutes", type=float, default=5.0, help="training time; the schedule anneals by then")
+    p.add_argument("--steps", type=int, default=1_000_000, help="at most (the time limit ends the run first)")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--part-mib", type=float, default=15.0)
+    p.add_argument("--work", default="/tmp/gpu-train")
+    p.add_argument("--out", required=True)
+    p.add_argument("train_args", nargs="*", help="after --: more arguments for train")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "train.log", "a") as log, contextlib.redirect_stdout(Tee(sys.stdout, log)):
+        summary = run(args)
+        print(json.dumps(summary, indent=2), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

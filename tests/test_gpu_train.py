@@ -1,0 +1,160 @@
+"""The GPU training run's pieces, on the CPU: files in parts across the device tool's limits, the data as token ids
+(`train-data export`), `train --heldout-file` and `--schedule time`, and `scripts/gpu_train.py` end to end on a
+tiny target, whose head must come back whole and decode losslessly."""
+
+import gzip
+import json
+import random
+from argparse import Namespace
+
+import pytest
+import torch
+
+from dart_core.decoding import GenerationConfig, run
+from dart_core.proposers import DartProposer, HeadDrafter
+from dart_core.setup.loading import load_draft
+from dart_core.tools.args import CliError
+from dart_core.tools.train import split_heldout
+from dart_core.training import data, portable
+from dart_core.training.trainer import Trainer, TrainConfig
+from dart_core.tree_search import SearchConfig
+from scripts import device_payload, gpu_train, learning_curve
+from dart_core.setup.tiny_models import plain_greedy_reference
+from tests.test_engine_lossless import prompts
+from tests.train_fixtures import SPECIAL, WORDS, save_tiny_qwen3, word_tokenizer
+
+CONTENT = WORDS[len(SPECIAL):]
+
+
+def test_a_file_and_a_folder_come_back_whole_from_their_parts(tmp_path):
+    rng = random.Random(0)
+    blob = tmp_path / "model.gguf"
+    blob.write_bytes(bytes(rng.randrange(256) for _ in range(10_000)))
+    folder = tmp_path / "head"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "config.json").write_text('{"a": 1}')
+    (folder / "sub" / "weights.bin").write_bytes(bytes(rng.randrange(256) for _ in range(5_000)))
+    (folder / "empty").write_bytes(b"")
+
+    manifest = device_payload.split(blob, tmp_path / "parts", part_mib=3_000 / 2**20)
+    assert [len(f["parts"]) for f in manifest["files"]] == [4]          # 3,000-byte parts of 10,000 bytes
+    assert device_payload.join(tmp_path / "parts", tmp_path / "joined.gguf").read_bytes() == blob.read_bytes()
+
+    device_payload.split(folder, tmp_path / "head-parts", part_mib=2_000 / 2**20)
+    back = device_payload.join(tmp_path / "head-parts", tmp_path / "head-back")
+    assert sorted(p.relative_to(back).as_posix() for p in back.rglob("*") if p.is_file()) == \
+        ["config.json", "empty", "sub/weights.bin"]
+    assert (back / "sub" / "weights.bin").read_bytes() == (folder / "sub" / "weights.bin").read_bytes()
+
+    (tmp_path / "parts" / "part02").write_bytes(b"x" * 3_000)             # a damaged part
+    with pytest.raises(device_payload.PayloadError, match="do not match its digest"):
+        device_payload.join(tmp_path / "parts", tmp_path / "bad.gguf")
+    (tmp_path / "parts" / "part03").unlink()                              # a part not carried yet
+    with pytest.raises(device_payload.PayloadError, match="lacks part03"):
+        device_payload.join(tmp_path / "parts", tmp_path / "bad.gguf")
+
+
+@pytest.fixture
+def sharegpt(monkeypatch, tmp_path):
+    """80 ShareGPT conversations for the tiny word tokenizer, and a library of 10 documented functions."""
+    rng = random.Random(4)
+
+    def text(low, high):
+        return " ".join(rng.choice(CONTENT) for _ in range(rng.randint(low, high)))
+    convs = [[{"role": "user", "content": text(3, 8)}, {"role": "assistant", "content": text(12, 30)}]
+             for _ in range(80)]
+    monkeypatch.setattr(data, "iter_sharegpt", lambda: iter(convs))
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "mod.py").write_text("".join(f'def f{i}(x):\n    """w{i} w{i + 1}"""\n    return x + {i}\n\n'
+                                        for i in range(10)))
+    real = data.fixed_heldout
+    monkeypatch.setattr(portable, "fixed_heldout", lambda t, m, thinking=False: real(
+        t, m, chat=6, code=2, thinking=thinking, stdlib_root=lib))
+    real_code = data.stdlib_code_sequences
+    monkeypatch.setattr(portable, "stdlib_code_sequences", lambda t, n, m, thinking=False: real_code(
+        t, n, m, thinking=thinking, root=lib))
+    return convs
+
+
+def test_the_export_keeps_the_fixed_heldout_set_apart_and_travels_as_ids(sharegpt, tmp_path):
+    tok = word_tokenizer()
+    done = portable.export(tok, tmp_path / "export", sharegpt=30, code=10, prompts=20, max_tokens=64, seed=0)
+    folder = tmp_path / "export"
+    heldout = portable.read_records(folder / portable.HELDOUT, len(tok))
+    text = portable.read_records(folder / portable.TEXT, len(tok))
+    asked = portable.read_records(folder / portable.PROMPTS, len(tok), need_response=False)
+    assert (done["heldout"], done["text"], done["prompts"]) == (len(heldout), len(text), len(asked)) == (8, 38, 20)
+    assert heldout == portable.fixed_heldout(tok, 64)          # the very set `--heldout-set fixed` makes here
+    held = {data.same_source(r["id"]) for r in heldout}
+    assert not held & {data.same_source(r["id"]) for r in text + asked}
+    assert not {r["id"] for r in asked} & {data.same_source(r["id"]) for r in text}   # the target answers others
+    assert gzip.decompress((folder / portable.TEXT).read_bytes())                      # gzipped as named
+    assert json.loads((folder / portable.MANIFEST).read_text())["bytes"][portable.TEXT] > 0
+
+    # a held-out file keeps its records, and every record of their sources, out of training
+    args = Namespace(heldout_set="random", heldout=48, max_tokens=64, thinking=False)
+    answered = [{**r, "id": r["id"].replace("sharegpt-text/", "sharegpt/")} for r in heldout[:3]]
+    kept, train = split_heldout(text + answered, args, tok, given=heldout)
+    assert kept == heldout and train == text
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "x", "prompt_ids": [1, 2], "response_ids": [3, len(tok) + 5]}) + "\n")
+    with pytest.raises(portable.PortableDataError, match="bad.jsonl:1: token ids outside"):
+        portable.read_records(bad, len(tok))
+
+
+def test_a_time_schedule_anneals_at_the_time_limit_whatever_the_steps(tmp_path):
+    target = save_tiny_qwen3(tmp_path / "model")
+    seq = data.sequence_example(target, [1, 9, 10, 11], [12, 13, 14, 15, 16, 17])
+    cfg = TrainConfig(n_mask=2, draft_vocab=0, max_steps=1_000_000, warmup=10, lr=1e-3, minutes=5.0,
+                      schedule="time")
+    trainer = Trainer(target, [seq], [seq], cfg, tmp_path / "run")
+    assert trainer.lr_at(5, 0.0) == pytest.approx(6e-4)                   # warm-up goes by steps
+    assert trainer.lr_at(50, 0.0) == pytest.approx(1e-3, rel=1e-3)
+    assert trainer.lr_at(50, 0.5) == pytest.approx(5.5e-4)                 # half the time: half the cosine
+    assert trainer.lr_at(50, 1.2) == pytest.approx(1e-4)                   # past the limit: the floor
+    steps_only = Trainer(target, [seq], [seq], TrainConfig(n_mask=2, draft_vocab=0, max_steps=1_000_000, warmup=10,
+                                                            lr=1e-3, minutes=5.0), tmp_path / "run2")
+    assert steps_only.lr_at(50, 0.5) == pytest.approx(1e-3, rel=1e-3)      # a step schedule ignores the time
+
+
+def test_the_gpu_training_run_brings_back_a_head_that_decodes_losslessly(sharegpt, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
+    target = save_tiny_qwen3(tmp_path / "model")
+    portable.export(word_tokenizer(), tmp_path / "export", sharegpt=40, code=0, prompts=12, max_tokens=64, seed=0)
+    out = tmp_path / "OUT"
+    code = gpu_train.main(["--model", str(tmp_path / "model"), "--data", str(tmp_path / "export"),
+                           "--device", "cpu", "--dtype", "fp32", "--generate-seconds", "60", "--generate-limit", "6",
+                           "--generate-batch", "3", "--max-new-tokens", "10", "--minutes", "0.05",
+                           "--eval-every", "3", "--work", str(tmp_path / "work"), "--out", str(out), "--",
+                           "--draft-vocab", "0", "--n-mask", "3", "--anchors", "16", "--dtype", "fp32"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["generation"]["responses"] == 6 and summary["training"]["anchor_tokens"] > 0
+    assert "--schedule time" in summary["train_command"] and "--heldout-file" in summary["train_command"]
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "head", "metrics.json", "summary.json", "train.log"]
+    assert all(p.stat().st_size <= 15 * 2**20 for p in (out / "head").iterdir())
+
+    run_dir = tmp_path / "back"                      # as it is rebuilt here from what the call brought back
+    device_payload.join(out / "head", run_dir / "best")
+    (run_dir / "ckpt.pt").write_bytes((out / "ckpt.pt").read_bytes())
+    assert "head" not in torch.load(run_dir / "ckpt.pt", weights_only=False)   # no weights travel twice
+    metrics = json.loads((run_dir / "best" / "metrics.json").read_text())
+    assert metrics["data"]["heldout_set"].startswith("file:") and metrics["data"]["heldout_sequences"] == 8
+    points, _ = learning_curve.run_points(run_dir)
+    assert points[-1]["endpoint"]                    # annealed at its time limit: a point the fit reads
+
+    head = load_draft(str(run_dir / "best"), target)
+    proposer = DartProposer(HeadDrafter(head, target), SearchConfig(node_budget=12))
+    for p in prompts(3, target.vocab_size, seed=2):
+        assert run(target, proposer, p, GenerationConfig(max_new_tokens=16)).output_ids == \
+            plain_greedy_reference(target, p, 16)
+
+
+def test_a_schedule_by_time_needs_a_time_limit(tmp_path):
+    from dart_core.tools.cli import main
+    assert main(["train", "--model", str(tmp_path), "--out", str(tmp_path / "run"), "--schedule", "time"]) == 2
+    with pytest.raises(CliError):
+        from dart_core.tools.train import cmd_train
+        cmd_train(Namespace(schedule="time", minutes=0.0))
