@@ -6,6 +6,7 @@ Qwen3, Mistral, ...). The tree mask is passed per call as a 4D boolean mask; not
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -15,6 +16,13 @@ from .hardware import Hardware, detect
 from .kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies
 from .machine import DtypeChoice
 from .tree import TokenTree
+
+
+def cache_argument(model) -> str:
+    """The keyword a transformers model's forward takes its KV cache by: `cache` from transformers 5.2x (the pinned
+    version), `past_key_values` before (5.17 on the lent GPU machine's image), where an unknown `cache=` is
+    swallowed by **kwargs and the forward silently runs without a cache."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def tap_layer_indices(num_layers: int) -> tuple[int, int, int]:
@@ -41,6 +49,7 @@ class TargetModel:
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 1 << 30)
         self.hardware = hardware or detect(str(self.device))
         self.dtype_choice: DtypeChoice | None = None   # set where the dtype was chosen (--dtype auto or fast)
+        self.cache_kwarg = cache_argument(model)
         self.own_output_layer = _logits_are_output_layer(self)
         self.fast_linears: FastLinears | None = None
 
@@ -86,8 +95,8 @@ class TargetModel:
                 attention_mask: torch.Tensor | None = None, features: bool = False,
                 last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """ids, position_ids: [k]. Returns logits [k or 1, V] and features [k, 3H] (or None)."""
-        inputs = dict(input_ids=ids[None], position_ids=position_ids[None], attention_mask=attention_mask,
-                      cache=cache, use_cache=True)
+        inputs = {"input_ids": ids[None], "position_ids": position_ids[None], "attention_mask": attention_mask,
+                  self.cache_kwarg: cache, "use_cache": True}
         fast = self.fast_linears.active() if self.fast_linears is not None else nullcontext()
         with self._feature_taps(features) as captured, fast:
             if self.own_output_layer:   # inside `fast`: the plan's kernel for this many rows

@@ -5,6 +5,13 @@ checked on the other side; and before a call, `size` says what the call would ca
     python -m scripts.device_payload split FILE DIR --part-mib 30   # DIR/NAME.part00, .part01, ... + NAME.parts.json
     python -m scripts.device_payload join DIR OUT                    # the parts of DIR joined into OUT, digest checked
     python -m scripts.device_payload size [CARRIED ...]              # MiB the working tree and carried paths make
+    python -m scripts.device_payload hold assets/smollm2-ngram3.npz   # tracked files kept out of the next calls
+    python -m scripts.device_payload release                          # ... and back in the tree as committed
+
+The working tree travels with every call (56 MiB of it is two files in assets/), so a call that carries a large
+file first holds tracked files it does not need: `hold` takes them out of git's index (the files stay on disk)
+and ignores them, so no call carries them; `release` puts them back in the index as committed. Never commit
+while something is held: the commit would delete it. `git status` shows a held file as deleted.
 
 A folder is split too (its files, in order, each in parts): `split assets/smollm2-dart-head $OUT/head`, and
 `join` gives the folder back.
@@ -77,6 +84,46 @@ def join(parts: Path, out: Path) -> Path:
     return out
 
 
+HOLD_RECORD = "device-hold.json"      # in .git/: what is held
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+
+
+def hold(root: Path, paths: list[str]) -> list[str]:
+    """Take tracked `paths` out of the index (kept on disk) and ignore them; returns every path now held."""
+    git_dir = Path(_git(root, "rev-parse", "--absolute-git-dir").strip())
+    record = git_dir / HOLD_RECORD
+    held = json.loads(record.read_text()) if record.is_file() else []
+    for path in paths:
+        if not _git(root, "ls-files", "--", path).strip():
+            raise PayloadError(f"{path}: not tracked (only tracked files are held; an ignored one never travels)")
+        _git(root, "rm", "-r", "-q", "--cached", "--", path)
+        exclude = git_dir / "info" / "exclude"
+        exclude.parent.mkdir(exist_ok=True)
+        with open(exclude, "a") as fh:
+            fh.write(f"/{path.strip('/')}\n")
+        held.append(path)
+    record.write_text(json.dumps(held))
+    return held
+
+
+def release(root: Path) -> list[str]:
+    """Put every held path back in the index as HEAD has it, and stop ignoring it; returns what was released."""
+    git_dir = Path(_git(root, "rev-parse", "--absolute-git-dir").strip())
+    record = git_dir / HOLD_RECORD
+    held = json.loads(record.read_text()) if record.is_file() else []
+    if held:
+        _git(root, "reset", "-q", "HEAD", "--", *held)
+        exclude = git_dir / "info" / "exclude"
+        lines = exclude.read_text().splitlines() if exclude.is_file() else []
+        gone = {f"/{p.strip('/')}" for p in held}
+        exclude.write_text("".join(f"{line}\n" for line in lines if line not in gone))
+    record.unlink(missing_ok=True)
+    return held
+
+
 def travelling_bytes(root: Path, carried: list[str]) -> dict[str, int]:
     """Bytes a device call would carry: the working tree (tracked files present on disk and untracked files git
     does not ignore) and each carried path."""
@@ -103,6 +150,9 @@ def main(argv=None) -> int:
     j.add_argument("out")
     z = sub.add_parser("size")
     z.add_argument("carried", nargs="*")
+    h = sub.add_parser("hold")
+    h.add_argument("paths", nargs="+")
+    sub.add_parser("release")
     args = p.parse_args(argv)
     try:
         if args.action == "split":
@@ -110,6 +160,10 @@ def main(argv=None) -> int:
             print(f"{args.source}: {sum(len(f['parts']) for f in m['files'])} parts in {args.out}")
         elif args.action == "join":
             print(f"joined {join(Path(args.parts), Path(args.out))}")
+        elif args.action == "hold":
+            print(f"held (out of the next calls; `release` before any commit): {', '.join(hold(Path.cwd(), args.paths))}")
+        elif args.action == "release":
+            print(f"released: {', '.join(release(Path.cwd())) or 'nothing was held'}")
         else:
             sizes = travelling_bytes(Path.cwd(), args.carried)
             total = sum(sizes.values()) / 2**20
@@ -117,6 +171,9 @@ def main(argv=None) -> int:
                 print(f"{n / 2**20:8.1f} MiB  {what}")
             print(f"{total:8.1f} MiB  in all, of {LIMIT_MIB}: {'fits' if total <= LIMIT_MIB else 'TOO LARGE'}")
             return 0 if total <= LIMIT_MIB else 1
+    except subprocess.CalledProcessError as exc:
+        print(f"error: git {' '.join(exc.cmd[1:])}: {exc.stderr.strip()}", file=sys.stderr)
+        return 2
     except (PayloadError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -49,12 +49,15 @@ def ours(target, ids: list[int]) -> float:
 @torch.inference_mode()
 def transformers_forward(model, ids: list[int]) -> float:
     from transformers import DynamicCache
+
+    from dart_core.target import cache_argument
     cache = DynamicCache(config=model.config)
-    model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
+    kw = cache_argument(model)
+    model(input_ids=torch.tensor([ids]), **{kw: cache}, use_cache=True)
     last, pos = torch.tensor([[ids[-1]]]), torch.tensor([[CONTEXT]])
 
     def step():
-        model(input_ids=last, position_ids=pos, cache=cache, use_cache=True)
+        model(input_ids=last, position_ids=pos, **{kw: cache}, use_cache=True)
         cache.crop(-1)
     return median_ms(step)
 

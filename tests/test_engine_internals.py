@@ -322,3 +322,23 @@ def test_metrics_definitions_and_merge(llama):
     total_steps = ma.verify_steps + mb.verify_steps
     ma.merge(mb)
     assert ma.new_tokens == 14 and ma.verify_steps == total_steps and sum(ma.accepted_hist) == total_steps
+
+
+def test_the_cache_goes_by_the_keyword_the_models_forward_takes():
+    """transformers 5.2x takes `cache=`; 5.17 (the GPU machine's image) takes `past_key_values=` and would swallow
+    `cache=` in **kwargs, running every forward without a cache."""
+    from dart_core.target import cache_argument
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+            return input_ids
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, **kwargs):
+            return input_ids
+
+    assert cache_argument(Old()) == "past_key_values" and cache_argument(New()) == "cache"
+    target = tiny_target("llama", seed=1)       # whichever transformers is installed: the cache fills
+    cache = target.new_cache()
+    target.prefill([3, 4, 5, 6], cache)
+    assert cache_argument(target.model) == target.cache_kwarg and cache.get_seq_length() == 4

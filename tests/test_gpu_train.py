@@ -158,3 +158,31 @@ def test_a_schedule_by_time_needs_a_time_limit(tmp_path):
     with pytest.raises(CliError):
         from dart_core.tools.train import cmd_train
         cmd_train(Namespace(schedule="time", minutes=0.0))
+
+
+def test_held_files_leave_the_calls_payload_and_come_back_as_committed(tmp_path):
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "assets" / "big.bin").write_bytes(b"b" * 300_000)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "start")
+    before = device_payload.travelling_bytes(tmp_path, [])["working tree"]
+
+    assert device_payload.hold(tmp_path, ["assets/big.bin"]) == ["assets/big.bin"]
+    assert (tmp_path / "assets" / "big.bin").is_file()                       # still on disk
+    assert device_payload.travelling_bytes(tmp_path, [])["working tree"] == before - 300_000
+    assert "big.bin" not in git("status", "--porcelain", "--untracked-files=all").replace("D  assets/big.bin", "")
+    with pytest.raises(device_payload.PayloadError, match="not tracked"):
+        device_payload.hold(tmp_path, ["nothing.txt"])
+
+    assert device_payload.release(tmp_path) == ["assets/big.bin"]
+    assert git("status", "--porcelain") == ""                                 # as committed, nothing ignored
+    assert device_payload.travelling_bytes(tmp_path, [])["working tree"] == before
+    assert device_payload.release(tmp_path) == []

@@ -83,12 +83,12 @@ def plain_greedy_reference(target: TargetModel, prompt_ids: list[int], max_new_t
     cache = target.new_cache()
     out: list[int] = []
     with torch.inference_mode():
-        logits = target.model(input_ids=ids, cache=cache, use_cache=True).logits[0, -1]
+        logits = target.model(input_ids=ids, **{target.cache_kwarg: cache}, use_cache=True).logits[0, -1]
         for _ in range(max_new_tokens):
             tok = int(logits.argmax())
             out.append(tok)
             if tok in stop_ids:
                 break
-            logits = target.model(input_ids=torch.tensor([[tok]], device=target.device), cache=cache,
-                                  use_cache=True).logits[0, -1]
+            logits = target.model(input_ids=torch.tensor([[tok]], device=target.device),
+                                  **{target.cache_kwarg: cache}, use_cache=True).logits[0, -1]
     return out
