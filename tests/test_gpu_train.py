@@ -186,3 +186,27 @@ def test_held_files_leave_the_calls_payload_and_come_back_as_committed(tmp_path)
     assert git("status", "--porcelain") == ""                                 # as committed, nothing ignored
     assert device_payload.travelling_bytes(tmp_path, [])["working tree"] == before
     assert device_payload.release(tmp_path) == []
+
+
+def test_a_gguf_file_converts_once_into_a_folder_named_as_its_model(tmp_path, monkeypatch):
+    from dart_core.setup import models
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = tmp_path / "parts-joined" / "Tiny-Model.Q4_1.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF" + bytes(range(256)) * 10)
+    converted = []
+
+    def convert(source, out):            # stands in for the dequantization (tests/test_default_model.py runs it)
+        converted.append(source)
+        save_tiny_qwen3(out)
+        return out
+    monkeypatch.setattr(models, "converted_gguf", convert)
+    first = models.resolve_model_path(str(gguf))
+    assert models.resolve_model_path(str(gguf)) == first and converted == [gguf]    # the cache is read back
+    assert first.endswith("/Tiny-Model")  # as a head names its target: a head for the model fits the GGUF copy
+    gguf.write_bytes(gguf.read_bytes() + b"changed")
+    assert models.resolve_model_path(str(gguf)) != first and len(converted) == 2
+    other = tmp_path / "notes.txt"
+    other.write_text("x")
+    with pytest.raises(models.ModelLoadError, match="folder or a .gguf file"):
+        models.resolve_model_path(str(other))

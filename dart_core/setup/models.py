@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,16 +65,21 @@ def default_model_dir() -> Path:
     return converted_gguf(default_gguf_path(), out)
 
 
+QUANT_SUFFIX = re.compile(r"[.-](I?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)   # llama.cpp's file names end so
+
+
 def gguf_model_dir(gguf: Path) -> Path:
-    """A transformers folder for a GGUF file (`--model file.gguf`), converted once into the cache: named by the
-    file's name and a digest of its first and last MiB and its size (a changed file converts again)."""
+    """A transformers folder for a GGUF file (`--model file.gguf`), converted once into the cache under a digest of
+    its first and last MiB and its size (a changed file converts again). The folder is named as the model, the file
+    name without its quantization tag ('SmolLM2-135M-Instruct.Q4_1.gguf': 'SmolLM2-135M-Instruct'), since a
+    draft head names the target it was trained for so."""
     size = gguf.stat().st_size
     with open(gguf, "rb") as fh:
         head = fh.read(2**20)
         fh.seek(max(0, size - 2**20))
         tail = fh.read()
     digest = hashlib.sha256(head + tail + str(size).encode()).hexdigest()[:12]
-    out = cache_root() / "gguf" / f"{gguf.stem}-{digest}"
+    out = cache_root() / "gguf" / digest / QUANT_SUFFIX.sub("", gguf.stem)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     return converted_gguf(gguf, out)
