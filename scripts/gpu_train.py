@@ -1,10 +1,11 @@
 """The draft head's training run on a lent GPU, in one device call (at most 10 minutes): the target answers the
 exported prompts (its own responses, the path decoding follows), the head trains on those and on the exported
-text with a schedule that ends annealed at the time limit, and the best head comes back in parts.
+text for what is left of --seconds (less a reserve for the last evaluation and the packing), with a schedule that
+ends annealed then, and the best head comes back in parts.
 
     # on the device (scripts/gpu-train.sh wraps this; the model is the default's GGUF, carried in parts)
     python -m scripts.gpu_train --model .gpu/gguf --data .gpu/data --init-from assets/smollm2-dart-head \
-        --device cuda --generate-seconds 120 --minutes 5 --out $OUT
+        --device cuda --seconds 540 --generate-seconds 90 --out $OUT
     # here, afterwards: the run folder back (the head from its parts, the slim checkpoint beside it)
     python -m scripts.device_payload join FILES_AT/head runs/gpu-head/best && cp FILES_AT/ckpt.pt runs/gpu-head/
 
@@ -33,6 +34,9 @@ from dart_core.training.portable import HELDOUT, PROMPTS, TEXT
 from scripts.device_payload import MANIFEST, join, split
 
 
+MIN_TRAIN_SECONDS = 5.0
+
+
 class Tee:
     """Writes to the console and to a log file at once (the call's output keeps only its last 12,000 characters)."""
 
@@ -57,7 +61,8 @@ def model_path(model: Path, work: Path) -> str:
     return str(model)
 
 
-def run(args) -> dict:
+def run(args, started: float) -> dict:
+    """started: time.monotonic() at the script's start; everything ends by started + args.seconds."""
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,11 +87,17 @@ def run(args) -> dict:
                              "response_tokens_per_s": round(response_tokens / seconds, 1) if seconds else None}
     print(f"[gpu-train] {len(answered)} own responses, {response_tokens:,} tokens in {seconds:.0f} s", flush=True)
 
+    # training gets what is left, less the reserve for the last evaluation and the packing: a run cut by the
+    # call's limit would bring nothing back
+    minutes = (started + args.seconds - args.reserve_seconds - time.monotonic()) / 60
+    if minutes < MIN_TRAIN_SECONDS / 60:
+        raise SystemExit(f"only {minutes * 60:.0f} s left for training: raise --seconds or lower --generate-seconds")
+    summary["training_minutes_planned"] = round(minutes, 2)
     run_dir = work / "run"
     responses = (["--responses", str(own)] if answered else []) + ["--responses", str(data / TEXT)]
     start = ["--init-from", args.init_from] if args.init_from else []
     command = ["train", "--model", model, "--device", args.device, *responses, "--sharegpt", "0",
-               "--heldout-file", str(data / HELDOUT), "--schedule", "time", "--minutes", str(args.minutes),
+               "--heldout-file", str(data / HELDOUT), "--schedule", "time", "--minutes", f"{minutes:.2f}",
                "--steps", str(args.steps), "--lr", str(args.lr), "--eval-every", str(args.eval_every),
                "--vocab-ngram", "none", "--out", str(run_dir), *start, *args.train_args]
     summary["train_command"] = "python -m dart_core " + " ".join(command)
@@ -99,11 +110,11 @@ def run(args) -> dict:
     state = {k: v for k, v in torch.load(run_dir / "ckpt.pt", weights_only=False, map_location="cpu").items()
              if k not in ("head", "opt")}
     torch.save(state, out / "ckpt.pt")
-    minutes = sum(s.get("minutes", 0.0) for s in state["sessions"])
+    spent = sum(s.get("minutes", 0.0) for s in state["sessions"])
     history = state["history"]
     summary["training"] = {"anchor_tokens": state["tokens_seen"], "steps": state["step"],
-                           "minutes": round(minutes, 2),
-                           "anchor_tokens_per_s": round(state["tokens_seen"] / (60 * minutes)) if minutes else None,
+                           "minutes": round(spent, 2),
+                           "anchor_tokens_per_s": round(state["tokens_seen"] / (60 * spent)) if spent else None,
                            "heldout_first": history[0] if history else None,
                            "heldout_last": history[-1] if history else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -117,11 +128,14 @@ def main(argv=None) -> int:
     p.add_argument("--init-from", default=None, help="the head to continue (none: a new head)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bf16", help="the target's dtype while it answers the prompts")
-    p.add_argument("--generate-seconds", type=float, default=120.0, help="0: no own responses")
+    p.add_argument("--seconds", type=float, default=540.0,
+                   help="the whole run, model loading and packing included (a device call runs at most 600)")
+    p.add_argument("--generate-seconds", type=float, default=90.0, help="0: no own responses")
     p.add_argument("--generate-limit", type=int, default=20000)
     p.add_argument("--generate-batch", type=int, default=512)
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--minutes", type=float, default=5.0, help="training time; the schedule anneals by then")
+    p.add_argument("--reserve-seconds", type=float, default=60.0,
+                   help="kept back from training for its last evaluation and the packing")
     p.add_argument("--steps", type=int, default=1_000_000, help="at most (the time limit ends the run first)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--eval-every", type=int, default=500)
@@ -130,10 +144,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("train_args", nargs="*", help="after --: more arguments for train")
     args = p.parse_args(argv)
+    started = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "train.log", "a") as log, contextlib.redirect_stdout(Tee(sys.stdout, log)):
-        summary = run(args)
+        summary = run(args, started)
         print(json.dumps(summary, indent=2), flush=True)
     return 0
 

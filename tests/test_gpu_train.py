@@ -126,7 +126,8 @@ def test_the_gpu_training_run_brings_back_a_head_that_decodes_losslessly(sharegp
     out = tmp_path / "OUT"
     code = gpu_train.main(["--model", str(tmp_path / "model"), "--data", str(tmp_path / "export"),
                            "--device", "cpu", "--dtype", "fp32", "--generate-seconds", "60", "--generate-limit", "6",
-                           "--generate-batch", "3", "--max-new-tokens", "10", "--minutes", "0.05",
+                           "--generate-batch", "3", "--max-new-tokens", "10", "--seconds", "40",
+                           "--reserve-seconds", "22",
                            "--eval-every", "3", "--work", str(tmp_path / "work"), "--out", str(out), "--",
                            "--draft-vocab", "0", "--n-mask", "3", "--anchors", "16", "--dtype", "fp32"])
     assert code == 0
@@ -210,3 +211,17 @@ def test_a_gguf_file_converts_once_into_a_folder_named_as_its_model(tmp_path, mo
     other.write_text("x")
     with pytest.raises(models.ModelLoadError, match="folder or a .gguf file"):
         models.resolve_model_path(str(other))
+
+
+def test_generation_stops_at_its_time_limit_with_the_answers_cut_there(sharegpt, tmp_path):
+    target = save_tiny_qwen3(tmp_path / "model")
+    tok = word_tokenizer()
+    asked = [(f"p/{i}", tok.encode(" ".join(CONTENT[i: i + 5]))) for i in range(6)]
+    out = tmp_path / "own.jsonl"
+    n = data.generate_responses(target.model, tok, out, limit=6, batch_size=2, max_new_tokens=20, prompts=asked,
+                                seconds=1e-6)
+    records = data.read_jsonl(out)
+    assert n == len(records) == 2                     # the first batch, then the limit had passed
+    for r in records:                                  # as far as it got: a prefix of the target's own answer
+        reference = plain_greedy_reference(target, r["prompt_ids"], 20)
+        assert 0 < len(r["response_ids"]) <= 20 and r["response_ids"] == reference[: len(r["response_ids"])]

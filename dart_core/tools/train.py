@@ -51,7 +51,8 @@ def register(sub) -> None:
                    help="generate: answer the prompts of this file (an export's prompts.jsonl.gz) instead of "
                         "ShareGPT's")
     g.add_argument("--seconds", type=float, default=0.0,
-                   help="generate: stop after the batch that ends past this many seconds (0 = answer them all)")
+                   help="generate: stop after this many seconds, the last batch's answers cut there (0 = answer "
+                        "them all)")
     g.add_argument("--sharegpt", type=int, default=20000, help="export: ShareGPT conversations as written")
     g.add_argument("--code", type=int, default=2000, help="export: standard-library code sequences")
     g.add_argument("--prompts", type=int, default=20000, help="export: ShareGPT prompts for generate")

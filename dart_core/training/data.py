@@ -192,8 +192,9 @@ def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size
     """Answer ShareGPT prompts greedily with the target; append records to `out_path`. Returns records written.
     The prompts are the `limit` after the first `skip` in a fixed order: a machine that lacks the file an earlier
     one wrote can answer new prompts instead of the same ones again. `prompts`: (id, prompt ids) to answer instead
-    of ShareGPT's (from `train-data export`, for a machine without the data package). `seconds`: stop after the
-    batch that ends past this long (0: no limit)."""
+    of ShareGPT's (from `train-data export`, for a machine without the data package). `seconds`: stop after this
+    long (0: no limit); the batch running then is cut there, its answers kept as far as they got (the target's own
+    greedy tokens all the same)."""
     deadline = time.monotonic() + seconds if seconds else float("inf")
     done = {r["id"] for r in read_jsonl(out_path)}
     if prompts is None:
@@ -211,8 +212,10 @@ def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size
             input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in batch], device=model.device)
             attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch],
                                      device=model.device)
+            left = deadline - time.monotonic()   # a batch running past the limit ends there (its answers cut)
             out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                                 do_sample=False, pad_token_id=pad, eos_token_id=list(stop_ids) or None)
+                                 do_sample=False, pad_token_id=pad, eos_token_id=list(stop_ids) or None,
+                                 max_time=max(left, 0.1) if seconds else None)
             for (pid, ids), row in zip(batch, out[:, width:].tolist()):
                 response = cut_at_stop(row, stop_ids, max_new_tokens)
                 fh.write(json.dumps({"id": pid, "prompt_ids": ids, "response_ids": response}) + "\n")
