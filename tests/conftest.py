@@ -52,6 +52,36 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
+def default_model_once():
+    """For a test module that loads the default model many times (CLI calls, bench sessions): each load of it with
+    the same device, dtype and threads (the kernels are measured per thread count) after the first hands back the
+    target loaded then, for the rest of the module. Loading it reads 0.5 GB and packs its kernels (2-3 s a time on
+    2 cores); nothing a run does changes a target. The CLI, the app and the bench still ask to load it as before
+    (tests that count or forbid loads wrap these names themselves); other models, other hardware and
+    --recalibrate load as usual."""
+    from dart_core.setup import loading
+    from dart_core.tools.bench import loop as bench_loop
+
+    real = loading.load_target
+    targets = {}
+
+    def load_target(model=loading.DEFAULT_MODEL, device="cpu", dtype="auto", recalibrate=False, hardware=None,
+                    **kwargs):
+        if model != loading.DEFAULT_MODEL or recalibrate or hardware is not None or kwargs:
+            return real(model, device, dtype, recalibrate, hardware, **kwargs)
+        key = (device, dtype, torch.get_num_threads())
+        if key not in targets:
+            targets[key] = real(model, device, dtype)
+        return targets[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loading, "load_target", load_target)       # what load() calls: the CLI's generate, the app
+        mp.setattr(bench_loop, "load_target", load_target)    # the bench's own import
+        yield targets
+    targets.clear()
+
+
+@pytest.fixture(scope="module")
 def hand():
     """The hand-built trace with known answers (tests/app_fixtures.hand_trace)."""
     return hand_trace()

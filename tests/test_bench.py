@@ -18,6 +18,9 @@ from dart_core.tools.cli import build_parser, main
 from dart_core.metrics import Metrics
 from dart_core.trace import StepRecord
 
+# the default model loads once per dtype for the whole module (tests/conftest.py): the bench sessions here still ask
+pytestmark = pytest.mark.usefixtures("default_model_once")
+
 RESULT_KEYS = {"method", "dtype", "workload", "temperature", "tokens_per_s", "speedup", "speedup_vs_hf_fp32",
                "speedup_vs_hf_best", "tau", "identical", "prompts", "acceptance_by_depth", "phase_share",
                "divergences", "reference"}
@@ -315,12 +318,24 @@ ONE = ["--workloads", "mtbench", "--limit", "2", "--methods", "hf_generate,vanil
        "--temperature", "0"]
 
 
+@pytest.fixture(scope="module")
+def one_done(tmp_path_factory, default_model_once):
+    """A finished `bench ONE` session: its report and runs file (the tests below continue copies of them)."""
+    folder = tmp_path_factory.mktemp("one")
+    assert main(["bench", *FAST, *ONE, "--out", str(folder / "report.json")]) == 0
+    return {name: (folder / name).read_text() for name in ("report.json", "report.runs.jsonl")}
+
+
+def _copy_of(done: dict, folder) -> None:
+    for name, text in done.items():
+        (folder / name).write_text(text)
+
+
 @needs_default
-def test_bench_resume_refuses_other_settings(tmp_path, capsys, monkeypatch):
+def test_bench_resume_refuses_other_settings(tmp_path, capsys, monkeypatch, one_done):
     base = ["bench", *FAST, *ONE, "--out", str(tmp_path / "report.json")]
-    assert main(base) == 0
+    _copy_of(one_done, tmp_path)                             # as `main(base)` left it
     runs_file = (tmp_path / "report.runs.jsonl").read_text()
-    capsys.readouterr()
     _no_loads(monkeypatch)                                   # the settings are checked before loading anything
     for extra, name in ((["--max-new-tokens", "5"], "max_new_tokens"), (["--node-budget", "4"], "search.node_budget"),
                         (["--seed", "3"], "seed")):
@@ -337,9 +352,9 @@ def test_bench_resume_refuses_other_settings(tmp_path, capsys, monkeypatch):
 
 
 @needs_default
-def test_bench_resume_redoes_a_run_cut_by_a_kill(tmp_path, capsys, monkeypatch):
+def test_bench_resume_redoes_a_run_cut_by_a_kill(tmp_path, capsys, monkeypatch, one_done):
     args = ["bench", *FAST, *ONE, "--out", str(tmp_path / "report.json")]
-    assert main(args) == 0
+    _copy_of(one_done, tmp_path)                             # as `main(args)` left it
     whole = json.loads((tmp_path / "report.json").read_text())
     path = tmp_path / "report.runs.jsonl"
     text = path.read_text()

