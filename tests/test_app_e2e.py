@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(bool(WHY) and not os.environ.get("CI"),
                                 reason=f"end-to-end browser test skipped: {WHY}")
 
 MAX_NEW = 24
-LONG_RUN = 96     # tokens of the run that holds the model while a second page queues behind it
+LONG_RUN = 48     # tokens of the run that holds the model while a second page queues behind it
+QUEUED_RUN = 8   # tokens of the second page's run: it only has to wait its turn and finish
 QUEUE_TEXT = re.compile(r"queue: (\d+)/(\d+)")   # Gradio's status on the queued page's lanes (with the wait)
 
 
@@ -145,6 +146,8 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
                 other.get(url)
                 dismiss_tour(other)
                 element(other, "#prompt textarea", "the second page's prompt box").send_keys("Name three colours.")
+                open_accordion(other, "Sampling")
+                set_slider(other, "max-new-tokens", QUEUED_RUN)
                 set_slider(drv, "max-new-tokens", LONG_RUN)
                 run_prompt(drv, "Write a Python function that adds two numbers.", wait=False)
                 wait_for(drv, lambda d: lane_status(d, "dart").startswith("running"), 60, "the long run to run")
@@ -156,6 +159,7 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
                 wait_for(other, lambda d: all(lane_status(d, k).startswith("done") for k in ("vanilla", "dart")), 240,
                          "the second page's run")
                 assert "queue:" not in other.find_element(By.CSS_SELECTOR, "#lanes").text
+                assert len(other.find_elements(By.CSS_SELECTOR, "#lane-dart .tok")) <= QUEUED_RUN
             finally:
                 other.quit()
             wait_for(drv, lambda d: app_health(url)["freed"]["closed"] >= 1, 60, "the closed page's session freed")
