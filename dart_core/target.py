@@ -107,6 +107,23 @@ class TargetModel:
         feats = torch.cat([captured[i][0] for i in self.taps], dim=-1) if features else None
         return logits, feats
 
+    @torch.inference_mode()
+    def forward_padded(self, ids: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Several whole sequences in one forward, without a cache (training's features and labels: on a GPU one
+        forward per sequence leaves it idle on Python). ids: [B, T], sequence b's tokens first, then padding.
+        Returns logits [B, T, V] and features [B, T, 3H]; rows past a sequence's length are padding's."""
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        mask = None if min(lengths) == ids.shape[1] else \
+            (positions[None] < torch.tensor(lengths, device=ids.device)[:, None]).long()
+        inputs = {"input_ids": ids, "attention_mask": mask, "use_cache": False}
+        fast = self.fast_linears.active() if self.fast_linears is not None else nullcontext()
+        with self._feature_taps(True) as captured, fast:
+            if self.own_output_layer:
+                logits = self.lm_head(self.model.model(**inputs).last_hidden_state)
+            else:
+                logits = self.model(**inputs).logits
+        return logits, torch.cat([captured[i] for i in self.taps], dim=-1)
+
     def prefill(self, prompt_ids: list[int], cache: DynamicCache, features: bool = False):
         """Run the prompt. Returns (last-position logits [V], prompt features [L, 3H] or None)."""
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)

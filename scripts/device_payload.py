@@ -13,8 +13,8 @@ file first holds tracked files it does not need: `hold` takes them out of git's 
 and ignores them, so no call carries them; `release` puts them back in the index as committed. Never commit
 while something is held: the commit would delete it. `git status` shows a held file as deleted.
 
-A folder is split too (its files, in order, each in parts): `split assets/smollm2-dart-head $OUT/head`, and
-`join` gives the folder back.
+A folder is split too (its files, in order, as one stream in parts): `split assets/smollm2-dart-head $OUT/head`,
+and `join` gives the folder back. `comes_back(OUT)` says what of a folder would not come back from a call.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def _digest(data: bytes) -> str:
 
 
 def split(source: Path, out: Path, part_mib: float) -> dict:
-    """Write `source` (a file, or a folder's files) into `out` as parts of at most part_mib MiB; returns the
+    """Write `source` (a file, or a folder's files one after another) into `out` as parts of at most part_mib MiB
+    (a part may hold the end of one file and the start of the next: the fewest files come back); returns the
     manifest written beside them."""
     size = int(part_mib * 2**20)
     if size < 1:
@@ -49,18 +50,19 @@ def split(source: Path, out: Path, part_mib: float) -> dict:
     if not files:
         raise PayloadError(f"{source}: nothing to split")
     out.mkdir(parents=True, exist_ok=True)
-    manifest = {"name": source.name, "folder": source.is_dir(), "files": []}
-    n = 0
+    manifest = {"name": source.name, "folder": source.is_dir(), "files": [], "parts": []}
+    stream, offset = [], 0
     for path in files:
         data = path.read_bytes()
-        parts = []
-        for start in range(0, max(len(data), 1), size):
-            name = f"part{n:02d}"
-            (out / name).write_bytes(data[start: start + size])
-            parts.append(name)
-            n += 1
         relative = path.name if path == source else str(path.relative_to(source))
-        manifest["files"].append({"path": relative, "bytes": len(data), "sha256": _digest(data), "parts": parts})
+        manifest["files"].append({"path": relative, "offset": offset, "bytes": len(data), "sha256": _digest(data)})
+        stream.append(data)
+        offset += len(data)
+    whole = b"".join(stream)
+    for n, start in enumerate(range(0, max(len(whole), 1), size)):
+        name = f"part{n:02d}"
+        (out / name).write_bytes(whole[start: start + size])
+        manifest["parts"].append(name)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -71,17 +73,35 @@ def join(parts: Path, out: Path) -> Path:
         manifest = json.loads((parts / MANIFEST).read_text())
     except (OSError, ValueError) as exc:
         raise PayloadError(f"{parts}: no readable {MANIFEST} ({exc})") from None
+    missing = [p for p in manifest["parts"] if not (parts / p).is_file()]
+    if missing:
+        raise PayloadError(f"{parts}: lacks {', '.join(missing)} (not carried yet?)")
+    whole = b"".join((parts / p).read_bytes() for p in manifest["parts"])
     for entry in manifest["files"]:
-        missing = [p for p in entry["parts"] if not (parts / p).is_file()]
-        if missing:
-            raise PayloadError(f"{parts}: {entry['path']} lacks {', '.join(missing)} (not carried yet?)")
-        data = b"".join((parts / p).read_bytes() for p in entry["parts"])
+        data = whole[entry["offset"]: entry["offset"] + entry["bytes"]]
         if len(data) != entry["bytes"] or _digest(data) != entry["sha256"]:
             raise PayloadError(f"{parts}: {entry['path']} joined to {len(data)} bytes that do not match its digest")
         target = out / entry["path"] if manifest["folder"] else out
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     return out
+
+
+BACK_FILES, BACK_TOTAL_MIB = 8, 64   # what one call brings back: files, and MiB together
+
+
+def comes_back(out: Path) -> list[str]:
+    """What of the folder `out` (a call's $OUT) would not come back from the device: too many files, a file too large,
+    too much together, or a file more than two folders down. Empty when all of it comes back."""
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    mib = {p: p.stat().st_size / 2**20 for p in files}
+    problems = [f"{len(files)} files (at most {BACK_FILES} come back)"] if len(files) > BACK_FILES else []
+    problems += [f"{p.relative_to(out)}: {m:.1f} MiB (at most {BACK_FILE_MIB})" for p, m in mib.items()
+                 if m > BACK_FILE_MIB]
+    problems += [f"{p.relative_to(out)}: too deep" for p in files if len(p.relative_to(out).parts) > 3]
+    if sum(mib.values()) > BACK_TOTAL_MIB:
+        problems.append(f"{sum(mib.values()):.1f} MiB in all (at most {BACK_TOTAL_MIB})")
+    return problems
 
 
 HOLD_RECORD = "device-hold.json"      # in .git/: what is held

@@ -11,9 +11,10 @@ ends annealed then, and the best head comes back in parts.
 
 --model: a .gguf file, a transformers folder, or a folder of parts (`device_payload split`) joined first.
 --data: a folder from `python -m dart_core train-data export` (held-out set, text, prompts, as token ids).
-Writes into --out: head/ (the best head, in parts of at most 15 MiB), metrics.json (the best head's), ckpt.pt (the
-run's checkpoint without weights: its held-out history, what `scripts.learning_curve add` reads), summary.json
-(rates: response tokens/s, anchor tokens/s) and train.log.
+Writes into --out, 8 files at most as the device tool brings back: head/ (the best head with its metrics.json, in
+parts of at most 15.9 MiB: 3 for the default's head), ckpt.pt (the run's checkpoint without weights: its held-out
+history, what `scripts.learning_curve add` reads), summary.json (rates: response tokens/s, anchor tokens/s) and
+train.log. What would not come back is said at the end (`device_payload.comes_back`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -31,7 +31,7 @@ import torch
 from dart_core.tools.cli import main as dart
 from dart_core.training.data import read_jsonl
 from dart_core.training.portable import HELDOUT, PROMPTS, TEXT
-from scripts.device_payload import MANIFEST, join, split
+from scripts.device_payload import MANIFEST, comes_back, join, split
 
 
 MIN_TRAIN_SECONDS = 5.0
@@ -59,6 +59,12 @@ def model_path(model: Path, work: Path) -> str:
         name = json.loads((model / MANIFEST).read_text())["name"]
         return str(join(model, work / name))
     return str(model)
+
+
+def said(log: Path, prefix: str) -> str | None:
+    """The rest of the log's last line that starts with `prefix` (what train printed of its own choices)."""
+    lines = [line for line in log.read_text().splitlines() if line.startswith(prefix)] if log.is_file() else []
+    return lines[-1][len(prefix):] if lines else None
 
 
 def run(args, started: float) -> dict:
@@ -99,12 +105,12 @@ def run(args, started: float) -> dict:
     command = ["train", "--model", model, "--device", args.device, *responses, "--sharegpt", "0",
                "--heldout-file", str(data / HELDOUT), "--schedule", "time", "--minutes", f"{minutes:.2f}",
                "--steps", str(args.steps), "--lr", str(args.lr), "--eval-every", str(args.eval_every),
-               "--vocab-ngram", "none", "--out", str(run_dir), *start, *args.train_args]
+               "--vocab-ngram", "none", "--feature-batch", args.feature_batch, "--out", str(run_dir), *start,
+               *args.train_args]
     summary["train_command"] = "python -m dart_core " + " ".join(command)
     code = dart(command)
     if code:
         raise SystemExit(f"training failed (exit {code})")
-    shutil.copy(run_dir / "best" / "metrics.json", out / "metrics.json")
     split(run_dir / "best", out / "head", args.part_mib)
     # the checkpoint without its weights and optimizer moments: the learning curve's input (its held-out history)
     state = {k: v for k, v in torch.load(run_dir / "ckpt.pt", weights_only=False, map_location="cpu").items()
@@ -116,7 +122,8 @@ def run(args, started: float) -> dict:
                            "minutes": round(spent, 2),
                            "anchor_tokens_per_s": round(state["tokens_seen"] / (60 * spent)) if spent else None,
                            "heldout_first": history[0] if history else None,
-                           "heldout_last": history[-1] if history else None}
+                           "heldout_last": history[-1] if history else None,
+                           "features_and_labels": said(out / "train.log", "[train] features and labels: ")}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -139,7 +146,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=1_000_000, help="at most (the time limit ends the run first)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--eval-every", type=int, default=500)
-    p.add_argument("--part-mib", type=float, default=15.0)
+    p.add_argument("--feature-batch", default="auto",
+                   help="sequences per target forward for the features and labels (auto: measured on the device)")
+    p.add_argument("--part-mib", type=float, default=15.9, help="under the 16 MiB a file that comes back may have")
     p.add_argument("--work", default="/tmp/gpu-train")
     p.add_argument("--out", required=True)
     p.add_argument("train_args", nargs="*", help="after --: more arguments for train")
@@ -150,7 +159,10 @@ def main(argv=None) -> int:
     with open(out / "train.log", "a") as log, contextlib.redirect_stdout(Tee(sys.stdout, log)):
         summary = run(args, started)
         print(json.dumps(summary, indent=2), flush=True)
-    return 0
+        lost = comes_back(out)
+        print("[gpu-train] " + ("NOT ALL OF IT COMES BACK: " + "; ".join(lost) if lost else
+                                f"{out} comes back whole"), flush=True)
+    return 1 if lost else 0
 
 
 if __name__ == "__main__":

@@ -37,10 +37,11 @@ def test_a_file_and_a_folder_come_back_whole_from_their_parts(tmp_path):
     (folder / "empty").write_bytes(b"")
 
     manifest = device_payload.split(blob, tmp_path / "parts", part_mib=3_000 / 2**20)
-    assert [len(f["parts"]) for f in manifest["files"]] == [4]          # 3,000-byte parts of 10,000 bytes
+    assert len(manifest["parts"]) == 4                                  # 3,000-byte parts of 10,000 bytes
     assert device_payload.join(tmp_path / "parts", tmp_path / "joined.gguf").read_bytes() == blob.read_bytes()
 
-    device_payload.split(folder, tmp_path / "head-parts", part_mib=2_000 / 2**20)
+    manifest = device_payload.split(folder, tmp_path / "head-parts", part_mib=2_000 / 2**20)
+    assert len(manifest["parts"]) == 3                                  # 5,008 bytes in all: files share parts
     back = device_payload.join(tmp_path / "head-parts", tmp_path / "head-back")
     assert sorted(p.relative_to(back).as_posix() for p in back.rglob("*") if p.is_file()) == \
         ["config.json", "empty", "sub/weights.bin"]
@@ -52,6 +53,20 @@ def test_a_file_and_a_folder_come_back_whole_from_their_parts(tmp_path):
     (tmp_path / "parts" / "part03").unlink()                              # a part not carried yet
     with pytest.raises(device_payload.PayloadError, match="lacks part03"):
         device_payload.join(tmp_path / "parts", tmp_path / "bad.gguf")
+
+
+def test_what_would_not_come_back_from_a_call_is_named(tmp_path):
+    out = tmp_path / "OUT"
+    (out / "a" / "b" / "c").mkdir(parents=True)
+    for i in range(8):
+        (out / f"f{i}").write_bytes(b"x")
+    assert device_payload.comes_back(out) == []                         # 8 small files come back
+    (out / "a" / "b" / "c" / "deep").write_bytes(b"x")
+    (out / "big").write_bytes(b"\0" * (17 * 2**20))
+    for i in range(3):
+        (out / "a" / f"g{i}").write_bytes(b"\0" * (16 * 2**20))
+    assert device_payload.comes_back(out) == ["13 files (at most 8 come back)", "big: 17.0 MiB (at most 16)",
+                                              "a/b/c/deep: too deep", "65.0 MiB in all (at most 64)"]
 
 
 @pytest.fixture
@@ -134,8 +149,10 @@ def test_the_gpu_training_run_brings_back_a_head_that_decodes_losslessly(sharegp
     summary = json.loads((out / "summary.json").read_text())
     assert summary["generation"]["responses"] == 6 and summary["training"]["anchor_tokens"] > 0
     assert "--schedule time" in summary["train_command"] and "--heldout-file" in summary["train_command"]
-    assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "head", "metrics.json", "summary.json", "train.log"]
-    assert all(p.stat().st_size <= 15 * 2**20 for p in (out / "head").iterdir())
+    assert "--feature-batch auto" in summary["train_command"]       # measured there: 16 per forward against 1
+    assert summary["training"]["features_and_labels"].startswith(("16 sequence(s) per forward", "1 sequence(s)"))
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "head", "summary.json", "train.log"]
+    assert device_payload.comes_back(out) == []
 
     run_dir = tmp_path / "back"                      # as it is rebuilt here from what the call brought back
     device_payload.join(out / "head", run_dir / "best")
@@ -225,3 +242,18 @@ def test_generation_stops_at_its_time_limit_with_the_answers_cut_there(sharegpt,
     for r in records:                                  # as far as it got: a prefix of the target's own answer
         reference = plain_greedy_reference(target, r["prompt_ids"], 20)
         assert 0 < len(r["response_ids"]) <= 20 and r["response_ids"] == reference[: len(r["response_ids"])]
+
+
+def test_a_generation_cut_by_its_limit_answered_prompts_from_the_start_of_the_order_not_the_shortest(sharegpt,
+                                                                                                     tmp_path):
+    target = save_tiny_qwen3(tmp_path / "model")
+    tok = word_tokenizer()
+    # 40 prompts, longest first; the shortest are at the end of the fixed order
+    asked = [(f"p/{i}", tok.encode(" ".join(CONTENT[:12 - i // 4]))) for i in range(40)]
+    out = tmp_path / "own.jsonl"
+    data.generate_responses(target.model, tok, out, limit=40, batch_size=2, max_new_tokens=3, prompts=asked,
+                            seconds=1e-6)
+    window = [pid for pid, _ in asked[:2 * data.LENGTH_SORT_BATCHES]]
+    (first, second) = [r["id"] for r in data.read_jsonl(out)]
+    assert {first, second} <= set(window)            # the shortest of the first window, not of all 40
+    assert len(dict(asked)[first]) == min(len(ids) for pid, ids in asked if pid in window)

@@ -124,13 +124,62 @@ def test_the_feature_cache_runs_the_target_once_per_sequence(data, tmp_path, mon
     assert same_example(first, sequence_example(target, prompt, response))
     (path,) = tmp_path.glob("*.pt")
     with monkeypatch.context() as m:
-        m.setattr(data_mod, "sequence_example", lambda *a: pytest.fail("the target ran again"))
+        m.setattr(data_mod, "sequence_examples", lambda *a: pytest.fail("the target ran again"))
         assert same_example(cached_example(tmp_path, target, prompt, response), first)
     other = cached_example(tmp_path, target, prompt, response[:-1])  # another sequence: its own file
     assert len(list(tmp_path.glob("*.pt"))) == 2 and other["ids"].numel() == 8
     path.write_bytes(path.read_bytes()[:100])  # a file cut short by a stop is computed again
     assert same_example(cached_example(tmp_path, target, prompt, response), first)
     assert same_example(torch.load(path, weights_only=True), first)
+
+
+def assert_same_up_to_rounding(batched: dict, alone: dict) -> None:
+    """One sequence's example from a padded forward against its own forward's: the same tokens and labels, the
+    features and probabilities equal up to the rounding of a differently blocked matmul."""
+    assert torch.equal(batched["ids"], alone["ids"]) and batched["prompt_len"] == alone["prompt_len"]
+    assert torch.allclose(batched["features"].float(), alone["features"].float(), atol=0.02, rtol=0.01)
+    assert torch.allclose(batched["label_probs"].float(), alone["label_probs"].float(), atol=2e-3)
+    # near-ties may swap places (a random tiny model's are flat), and the 8th may trade with the 9th, not kept:
+    # each of the batched first seven is among the forward's own eight, with its probability
+    for ids, probs, own_ids, own_probs in zip(batched["label_ids"].tolist(), batched["label_probs"].tolist(),
+                                              alone["label_ids"].tolist(), alone["label_probs"].tolist()):
+        own = dict(zip(own_ids, own_probs))
+        assert all(i in own and abs(own[i] - p) < 2e-3 for i, p in zip(ids[:-1], probs[:-1]))
+
+
+def test_a_padded_forward_gives_each_sequence_its_own_forwards_example(data):
+    target, _ = data
+    rng = random.Random(5)
+    pairs = [([rng.randrange(3, 96) for _ in range(n)], [rng.randrange(3, 96) for _ in range(m)])
+             for n, m in ((6, 20), (3, 4), (9, 13), (6, 20))]           # lengths 26, 7, 22, 26: padding and none
+    batched = data_mod.sequence_examples(target, pairs)
+    for example, (prompt, response) in zip(batched, pairs):
+        assert example["features"].shape == (len(prompt) + len(response), 3 * target.hidden_size)
+        assert_same_up_to_rounding(example, sequence_example(target, prompt, response))
+
+
+def test_the_example_stream_runs_the_target_once_per_group_for_the_sequences_asked(data, tmp_path, monkeypatch):
+    target, _ = data
+    rng = random.Random(6)
+    records = [{"prompt_ids": [rng.randrange(3, 96) for _ in range(5)],
+                "response_ids": [rng.randrange(3, 96) for _ in range(rng.randrange(3, 12))]} for _ in range(5)]
+    widths = []
+    real = target.forward_padded
+    monkeypatch.setattr(target, "forward_padded",
+                        lambda ids, lengths: widths.append(len(lengths)) or real(ids, lengths))
+    # the second of two processes, 2 sequences each per step: it asks for 2, 3, then 6, 7, then 10, 11
+    stream = data_mod.ExampleStream(target, records, group=4, accumulate=2, world=2)
+    assert stream.upcoming(2) == [2, 3, 6, 7]
+    got = [stream(i) for i in (2, 3, 6, 7, 10, 11)]
+    assert widths == [4, 4]                       # one forward per group (the second one holds 14 and 15 too)
+    for i, example in zip((2, 3, 6, 7, 10, 11), got):
+        r = records[i % len(records)]
+        assert_same_up_to_rounding(example, sequence_example(target, r["prompt_ids"], r["response_ids"]))
+    cached = data_mod.ExampleStream(target, records, group=3, cache_dir=tmp_path)
+    first = [cached(i) for i in range(3)]
+    widths.clear()
+    again = data_mod.ExampleStream(target, records, group=3, cache_dir=tmp_path)
+    assert all(same_example(a, b) for a, b in zip((again(i) for i in range(3)), first)) and widths == []
 
 
 def test_the_head_trains_in_bf16_only_where_bf16_is_native(data, tmp_path, monkeypatch):
@@ -395,3 +444,27 @@ def test_generated_responses_are_greedy_resume_and_skip_prompts_answered_before(
     assert sorted(r["id"] for r in records) == sorted(order[:5])
     for r in records:  # batched, left-padded generation gives each prompt's own greedy answer
         assert r["response_ids"] == plain_greedy_reference(target, r["prompt_ids"], 6)
+
+
+@pytest.mark.parametrize("batched_cost, chosen", [(1.0, 3), (5.0, 1)])
+def test_auto_keeps_the_feature_batch_that_measures_faster(data, monkeypatch, batched_cost, chosen):
+    target, _ = data
+    rng = random.Random(7)
+    records = [{"prompt_ids": [rng.randrange(3, 96) for _ in range(5)],
+                "response_ids": [rng.randrange(3, 96) for _ in range(8)]} for _ in range(6)]   # 13 tokens each
+    clock = [0.0]   # a forward of one sequence costs 1; of three, batched_cost
+    real = target.forward_padded
+
+    def timed(ids, lengths):
+        clock[0] += 1.0 if len(lengths) == 1 else batched_cost
+        return real(ids, lengths)
+
+    monkeypatch.setattr(target, "forward_padded", timed)
+    monkeypatch.setattr(data_mod, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    stream = data_mod.ExampleStream(target, records, group=3, measure=True)
+    got = [stream(i) for i in range(9)]            # trials on 0-2 (one per forward) and 3-5 (three), then chosen
+    assert stream.group == chosen and f"{chosen} sequence(s) per forward: measured" in stream.choice
+    assert clock[0] == 3 + batched_cost + (batched_cost if chosen == 3 else 3)
+    for i, example in enumerate(got):
+        r = records[i % len(records)]
+        assert_same_up_to_rounding(example, sequence_example(target, r["prompt_ids"], r["response_ids"]))

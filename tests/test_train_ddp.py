@@ -1,6 +1,7 @@
 """Data-parallel training: `torchrun --standalone --nproc_per_node 2 -m dart_core train` (two processes over gloo,
 each with its own copy of the target and its own half of every step's sequences) reaches the same head as one
-process with the same global batch, and a run resumes with another number of processes."""
+process with the same global batch (with their features computed two sequences per forward), and a run resumes
+with another number of processes."""
 
 import json
 import os
@@ -41,7 +42,9 @@ def runs(tmp_path_factory):
     target = save_tiny_qwen3(root / "model")
     write_chats(root / "chats.jsonl", 30)
     train(root, "one", 1, "--steps", "3", "--accumulate", "4")   # first: it measures the kernels for both
-    train(root, "two", 2, "--steps", "3", "--accumulate", "2")
+    # each process computes its 2 sequences of a step in one padded target forward: the same head all the same
+    done = train(root, "two", 2, "--steps", "3", "--accumulate", "2", "--feature-batch", "2")
+    assert "[train] features and labels: 2 sequence(s) per forward" in done.stdout
     return target, root
 
 

@@ -10,9 +10,10 @@ Nothing is downloaded or shipped: the interpreter's own library is read at train
 Python version; ids name file and line).
 
 Step 2 (`sequence_example`, called by the trainer as it goes): one target forward per sequence (self-generated
-responses, or ShareGPT conversations as written) with the three feature taps. Labels come from the same forward:
-the target's own top-k next-token distribution at every position, so the head learns what the target would say,
-not what ShareGPT said.
+responses, or ShareGPT conversations as written) with the three feature taps, or one over several padded ones
+(`ExampleStream`'s group: on a GPU, one sequence per forward leaves it idle on Python). Labels come from the same
+forward: the target's own top-k next-token distribution at every position, so the head learns what the target would
+say, not what ShareGPT said.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ..setup.datasets import CODE_COMPLETION_PROMPT, iter_sharegpt
 from ..target import TargetModel
 
 LABEL_TOPK = 8
+LENGTH_SORT_BATCHES = 8   # generation sorts prompts by length within windows of this many batches
 
 
 def sharegpt_prompts(tokenizer, limit: int, max_prompt_tokens: int, seed: int = 0) -> list[tuple[str, list[int]]]:
@@ -176,7 +178,7 @@ def read_jsonl(path) -> list[dict]:
 
 
 def write_jsonl(path, records) -> None:
-    """Records one per line, gzipped where the name ends in .gz (token ids take about 2 bytes each so), written whole."""
+    """Records one per line, gzipped where the name ends in .gz (token ids: about 2 bytes each so), written whole."""
     text = "".join(json.dumps(r) + "\n" for r in records)
     p = Path(path)
     tmp = p.with_name(p.name + ".tmp")
@@ -201,7 +203,10 @@ def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size
         prompts = sharegpt_prompts(tokenizer, skip + limit, max_prompt_tokens, seed)
     prompts = prompts[skip: skip + limit]
     todo = [p for p in prompts if p[0] not in done]
-    todo.sort(key=lambda p: len(p[1]))  # similar lengths per batch: little padding
+    # similar lengths per batch (little padding), sorted within windows of the fixed order: a run cut by its time
+    # limit has answered a sample of the prompts, not only the shortest ("hi", "hey": greetings, 10-token replies)
+    window = batch_size * LENGTH_SORT_BATCHES
+    todo = [p for w in range(0, len(todo), window) for p in sorted(todo[w: w + window], key=lambda p: len(p[1]))]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     written = 0
     bar = tqdm(total=len(todo), desc="generating responses", unit="prompt")
@@ -242,16 +247,26 @@ def top_labels(logits: torch.Tensor, k: int = LABEL_TOPK) -> tuple[torch.Tensor,
     return top.indices, (top.values.float() - peak).exp_() / total
 
 
-@torch.inference_mode()
 def sequence_example(target: TargetModel, prompt_ids: list[int], response_ids: list[int]) -> dict:
     """One training sequence: ids, where the response starts, features [T, 3H] and the target's top-k labels."""
-    ids = list(prompt_ids) + list(response_ids)
-    logits, feats = target.forward(torch.tensor(ids, device=target.device), torch.arange(len(ids), device=target.device),
-                                   target.new_cache(), features=True)
-    label_ids, label_probs = top_labels(logits)
-    return {"ids": torch.tensor(ids, dtype=torch.int32), "prompt_len": len(prompt_ids),
-            "features": feats.to(torch.bfloat16).cpu().clone(),
-            "label_ids": label_ids.to(torch.int32).cpu(), "label_probs": label_probs.to(torch.float16).cpu()}
+    return sequence_examples(target, [(prompt_ids, response_ids)])[0]
+
+
+@torch.inference_mode()
+def sequence_examples(target: TargetModel, pairs: list[tuple[list[int], list[int]]]) -> list[dict]:
+    """`sequence_example` of each (prompt ids, response ids), the target run once over all of them (padded)."""
+    rows = [list(p) + list(r) for p, r in pairs]
+    width = max(len(ids) for ids in rows)
+    padded = torch.tensor([ids + [0] * (width - len(ids)) for ids in rows], device=target.device)
+    logits, feats = target.forward_padded(padded, [len(ids) for ids in rows])
+    examples = []
+    for b, ((prompt, _), ids) in enumerate(zip(pairs, rows)):
+        label_ids, label_probs = top_labels(logits[b, :len(ids)])
+        examples.append({"ids": torch.tensor(ids, dtype=torch.int32), "prompt_len": len(prompt),
+                         "features": feats[b, :len(ids)].to(torch.bfloat16).cpu().clone(),
+                         "label_ids": label_ids.to(torch.int32).cpu(),
+                         "label_probs": label_probs.to(torch.float16).cpu()})
+    return examples
 
 
 def cache_key(target: TargetModel, ids: list[int]) -> str:
@@ -266,15 +281,78 @@ def cache_key(target: TargetModel, ids: list[int]) -> str:
 def cached_example(cache_dir, target: TargetModel, prompt_ids: list[int], response_ids: list[int]) -> dict:
     """`sequence_example`, read from `cache_dir` when an earlier epoch or run computed it, else computed and
     stored there (about 3.5 KB per token for SmolLM2-135M: features 3 x 576 bf16, 3,456 B; top-8 labels, 48 B)."""
-    path = Path(cache_dir) / f"{cache_key(target, list(prompt_ids) + list(response_ids))}.pt"
-    if path.is_file():
-        try:
-            return torch.load(path, weights_only=True)
-        except (RuntimeError, EOFError, OSError):
-            pass  # a file cut short by a stop: computed again
-    example = sequence_example(target, prompt_ids, response_ids)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".{os.getpid()}.tmp")   # processes of one run may compute the same sequence
-    torch.save(example, partial)
-    partial.rename(path)  # whole files only
-    return example
+    return cached_examples(cache_dir, target, [(prompt_ids, response_ids)])[0]
+
+
+def cached_examples(cache_dir, target: TargetModel, pairs: list[tuple[list[int], list[int]]]) -> list[dict]:
+    """`cached_example` of each pair: the ones not stored yet computed in one forward."""
+    paths = [Path(cache_dir) / f"{cache_key(target, list(p) + list(r))}.pt" for p, r in pairs]
+    examples: list[dict | None] = [None] * len(pairs)
+    for i, path in enumerate(paths):
+        if path.is_file():
+            try:
+                examples[i] = torch.load(path, weights_only=True)
+            except (RuntimeError, EOFError, OSError):
+                pass  # a file cut short by a stop: computed again
+    missing = [i for i, e in enumerate(examples) if e is None]
+    for i, example in zip(missing, sequence_examples(target, [pairs[i] for i in missing]) if missing else []):
+        paths[i].parent.mkdir(parents=True, exist_ok=True)
+        partial = paths[i].with_suffix(f".{os.getpid()}.tmp")   # processes of one run may compute the same one
+        torch.save(example, partial)
+        partial.rename(paths[i])  # whole files only
+        examples[i] = example
+    return examples
+
+
+class ExampleStream:
+    """The trainer's `next_sequence`: the i-th training example (record i modulo their count), computed `group`
+    at a time in one target forward: i and the next ones this process will ask for (with `world` processes, each
+    step's sequences go out in blocks of `accumulate`, one block per process). `measure`: the first group is
+    computed a sequence per forward, the second in one, and the faster per token is kept (`choice` says which)."""
+
+    def __init__(self, target: TargetModel, records: list[dict], group: int = 1, cache_dir=None,
+                 accumulate: int = 1, world: int = 1, measure: bool = False):
+        self.target, self.records, self.group, self.cache_dir = target, records, group, cache_dir
+        self.accumulate, self.world = accumulate, world
+        self.ready: dict[int, dict] = {}
+        self.trials: list[tuple[int, float]] = [(1, 0.0), (group, 0.0)] if measure and group > 1 else []
+        self.choice = f"{group} sequence(s) per forward" + (" (to be measured against 1)" if self.trials else "")
+
+    def upcoming(self, i: int) -> list[int]:
+        """i, then the indices this process asks for after it, `group` in all."""
+        out = []
+        while len(out) < self.group:
+            out.append(i)
+            i += 1
+            if i % self.accumulate == 0:
+                i += (self.world - 1) * self.accumulate   # the other processes' blocks
+        return out
+
+    def _examples(self, pairs: list[tuple[list[int], list[int]]]) -> list[dict]:
+        if self.cache_dir:
+            return cached_examples(self.cache_dir, self.target, pairs)
+        return sequence_examples(self.target, pairs)
+
+    def _measured(self, pairs) -> list[dict]:
+        """The group's examples, computed as the next trial says and timed per token; after both, the choice."""
+        per_forward = next(n for n, s in self.trials if not s)
+        t0 = time.perf_counter()
+        examples = [e for k in range(0, len(pairs), per_forward) for e in self._examples(pairs[k:k + per_forward])]
+        per_token = (time.perf_counter() - t0) / sum(len(p) + len(r) for p, r in pairs)
+        self.trials = [(n, per_token if n == per_forward and not s else s) for n, s in self.trials]
+        if all(s for _, s in self.trials):
+            (n1, s1), (ng, sg) = self.trials
+            self.group = ng if sg < s1 else 1
+            self.choice = (f"{self.group} sequence(s) per forward: measured {s1 * 1e6:.0f} us a token one per "
+                           f"forward, {sg * 1e6:.0f} us {ng} per forward")
+            self.trials = []
+        return examples
+
+    def __call__(self, i: int) -> dict:
+        if i not in self.ready:   # a wrong guess only costs the unused examples
+            indices = self.upcoming(i)
+            pairs = [(r["prompt_ids"], r["response_ids"]) for r in
+                     (self.records[j % len(self.records)] for j in indices)]
+            examples = self._measured(pairs) if self.trials else self._examples(pairs)
+            self.ready = dict(zip(indices, examples))
+        return self.ready.pop(i)
