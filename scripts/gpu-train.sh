@@ -7,6 +7,7 @@
 # Wheels placed in .whl/ (gguf, for the default model's GGUF) are installed first into /tmp/site; the converted
 # model and calibrations go to /tmp/dart-cache. The whole run is held to 570 s, inside the call's 10 minutes.
 set -euo pipefail
+export GPU_TRAIN_STARTED="$(date +%s.%N)"   # --seconds counts from here: the wheels and Python's start are spent too
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,14 @@ def model_path(model: Path, work: Path) -> str:
         name = json.loads((model / MANIFEST).read_text())["name"]
         return str(join(model, work / name))
     return str(model)
+
+
+def spent_before_python() -> float:
+    """Seconds since scripts/gpu-train.sh started (it sets GPU_TRAIN_STARTED): the call's clock, not Python's."""
+    try:
+        return max(time.time() - float(os.environ["GPU_TRAIN_STARTED"]), 0.0)
+    except (KeyError, ValueError):
+        return 0.0
 
 
 def said(log: Path, prefix: str) -> str | None:
@@ -153,7 +162,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("train_args", nargs="*", help="after --: more arguments for train")
     args = p.parse_args(argv)
-    started = time.monotonic()
+    started = time.monotonic() - spent_before_python()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "train.log", "a") as log, contextlib.redirect_stdout(Tee(sys.stdout, log)):

@@ -257,3 +257,11 @@ def test_a_generation_cut_by_its_limit_answered_prompts_from_the_start_of_the_or
     (first, second) = [r["id"] for r in data.read_jsonl(out)]
     assert {first, second} <= set(window)            # the shortest of the first window, not of all 40
     assert len(dict(asked)[first]) == min(len(ids) for pid, ids in asked if pid in window)
+
+
+def test_the_run_counts_its_seconds_from_the_scripts_start(monkeypatch):
+    import time
+    monkeypatch.setenv("GPU_TRAIN_STARTED", str(time.time() - 30))   # gpu-train.sh's clock, wheels installed since
+    assert 29 < gpu_train.spent_before_python() < 40
+    monkeypatch.delenv("GPU_TRAIN_STARTED")                          # run as a module: Python's own start
+    assert gpu_train.spent_before_python() == 0.0
