@@ -29,8 +29,8 @@ from ..setup.models import resolve_model_path
 from ..training import distributed
 from ..training import portable
 from ..training.chats import TrainingDataError, chat_file_records, read_chats
-from ..training.data import (ExampleStream, cached_example, fixed_heldout, generate_responses, read_jsonl,
-                             same_source, sequence_example, sharegpt_sequences, stdlib_code_sequences)
+from ..training.data import (ExampleStream, fixed_heldout, generate_responses, read_jsonl, same_source,
+                             sharegpt_sequences, stdlib_code_sequences)
 from ..training.trainer import FORMATS, Trainer, TrainConfig
 from .args import BATCH_DTYPE_HELP, DTYPE_CHOICES, THINKING_HELP, CliError, add_model_args
 
@@ -305,13 +305,11 @@ def _train(args, out: Path, device: str, target_config: dict) -> int:
     say(f"[train] {len(train_recs)} training sequences, {len(heldout_recs)} held out; "
         f"{distributed.world_size()} process(es)", flush=True)
 
-    def example(rec):
-        if args.feature_cache:
-            return cached_example(args.feature_cache, target, rec["prompt_ids"], rec["response_ids"])
-        return sequence_example(target, rec["prompt_ids"], rec["response_ids"])
-
-    heldout = [example(r) for r in heldout_recs] if distributed.is_main() else []   # rank 0 evaluates
-    stats = [] if start is not None else [example(r) for r in train_recs[:96]]  # a new head's vocabulary, scales
+    group, measure = feature_batch(args.feature_batch)
+    stream = ExampleStream(target, train_recs, group, args.feature_cache, cfg.accumulate, distributed.world_size(),
+                           measure=measure)
+    heldout = stream.of_records(heldout_recs) if distributed.is_main() else []   # rank 0 evaluates
+    stats = [] if start is not None else stream.of_records(train_recs[:96])   # a new head's vocabulary, scales
     provenance = {"target": _target_record(args.model, target_config, target), "thinking": args.thinking,
                   "data": {"sources": sources, "training_sequences": len(train_recs),
                            "heldout_sequences": len(heldout_recs),
@@ -323,9 +321,6 @@ def _train(args, out: Path, device: str, target_config: dict) -> int:
     if args.resume and trainer.resume():
         say(f"[train] resumed at step {trainer.step} ({trainer.sequences_seen} sequences seen)", flush=True)
     say(f"[train] draft vocabulary covers {trainer.coverage:.1%} of held-out target tokens", flush=True)
-    group, measure = feature_batch(args.feature_batch)
-    stream = ExampleStream(target, train_recs, group, args.feature_cache, cfg.accumulate, distributed.world_size(),
-                           measure=measure)
     result = trainer.fit(stream, _launch_command(sys.argv[1:]))
     say(f"[train] features and labels: {stream.choice}", flush=True)
     say(f"[train] done: {result}", flush=True)

@@ -333,6 +333,11 @@ class ExampleStream:
             return cached_examples(self.cache_dir, self.target, pairs)
         return sequence_examples(self.target, pairs)
 
+    def of_records(self, records: list[dict]) -> list[dict]:
+        """The examples of other records (the held-out set, a new head's statistics), `group` per forward."""
+        pairs = [(r["prompt_ids"], r["response_ids"]) for r in records]
+        return [e for k in range(0, len(pairs), self.group) for e in self._examples(pairs[k:k + self.group])]
+
     def _measured(self, pairs) -> list[dict]:
         """The group's examples, computed as the next trial says and timed per token; after both, the choice."""
         per_forward = next(n for n, s in self.trials if not s)
