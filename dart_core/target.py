@@ -90,6 +90,18 @@ class TargetModel:
             for h in handles:
                 h.remove()
 
+    def _logits_and_features(self, inputs: dict, features: bool, last_only: bool = False):
+        """One forward of the model under the kernel plan: logits [B, T or 1, V], features [B, T, 3H] or None."""
+        fast = self.fast_linears.active() if self.fast_linears is not None else nullcontext()
+        with self._feature_taps(features) as captured, fast:
+            if self.own_output_layer:   # inside `fast`: the plan's kernel for this many rows
+                hidden = self.model.model(**inputs).last_hidden_state
+                logits = self.lm_head(hidden[:, -1:] if last_only else hidden)
+            else:
+                logits = self.model(**inputs, logits_to_keep=1 if last_only else 0).logits
+        feats = torch.cat([captured[i] for i in self.taps], dim=-1) if features else None
+        return logits, feats
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, position_ids: torch.Tensor, cache: DynamicCache,
                 attention_mask: torch.Tensor | None = None, features: bool = False,
@@ -97,15 +109,8 @@ class TargetModel:
         """ids, position_ids: [k]. Returns logits [k or 1, V] and features [k, 3H] (or None)."""
         inputs = {"input_ids": ids[None], "position_ids": position_ids[None], "attention_mask": attention_mask,
                   self.cache_kwarg: cache, "use_cache": True}
-        fast = self.fast_linears.active() if self.fast_linears is not None else nullcontext()
-        with self._feature_taps(features) as captured, fast:
-            if self.own_output_layer:   # inside `fast`: the plan's kernel for this many rows
-                hidden = self.model.model(**inputs).last_hidden_state[0]
-                logits = self.lm_head(hidden[-1:] if last_only else hidden)
-            else:
-                logits = self.model(**inputs, logits_to_keep=1 if last_only else 0).logits[0]
-        feats = torch.cat([captured[i][0] for i in self.taps], dim=-1) if features else None
-        return logits, feats
+        logits, feats = self._logits_and_features(inputs, features, last_only)
+        return logits[0], feats[0] if feats is not None else None
 
     @torch.inference_mode()
     def forward_padded(self, ids: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,14 +120,7 @@ class TargetModel:
         positions = torch.arange(ids.shape[1], device=ids.device)
         mask = None if min(lengths) == ids.shape[1] else \
             (positions[None] < torch.tensor(lengths, device=ids.device)[:, None]).long()
-        inputs = {"input_ids": ids, "attention_mask": mask, "use_cache": False}
-        fast = self.fast_linears.active() if self.fast_linears is not None else nullcontext()
-        with self._feature_taps(True) as captured, fast:
-            if self.own_output_layer:
-                logits = self.lm_head(self.model.model(**inputs).last_hidden_state)
-            else:
-                logits = self.model(**inputs).logits
-        return logits, torch.cat([captured[i] for i in self.taps], dim=-1)
+        return self._logits_and_features({"input_ids": ids, "attention_mask": mask, "use_cache": False}, True)
 
     def prefill(self, prompt_ids: list[int], cache: DynamicCache, features: bool = False):
         """Run the prompt. Returns (last-position logits [V], prompt features [L, 3H] or None)."""

@@ -70,12 +70,6 @@ def spent_before_python() -> float:
         return 0.0
 
 
-def said(log: Path, prefix: str) -> str | None:
-    """The rest of the log's last line that starts with `prefix` (what train printed of its own choices)."""
-    lines = [line for line in log.read_text().splitlines() if line.startswith(prefix)] if log.is_file() else []
-    return lines[-1][len(prefix):] if lines else None
-
-
 def run(args, started: float) -> dict:
     """started: time.monotonic() at the script's start; everything ends by started + args.seconds."""
     work, out = Path(args.work), Path(args.out)
@@ -132,7 +126,7 @@ def run(args, started: float) -> dict:
                            "anchor_tokens_per_s": round(state["tokens_seen"] / (60 * spent)) if spent else None,
                            "heldout_first": history[0] if history else None,
                            "heldout_last": history[-1] if history else None,
-                           "features_and_labels": said(out / "train.log", "[train] features and labels: ")}
+                           "features_and_labels": state["sessions"][-1].get("features_and_labels")}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

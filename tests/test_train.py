@@ -1,6 +1,7 @@
 """Training the draft head end to end on a tiny model (seconds), and what the trained files promise."""
 
 import random
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -131,6 +132,20 @@ def test_the_feature_cache_runs_the_target_once_per_sequence(data, tmp_path, mon
     path.write_bytes(path.read_bytes()[:100])  # a file cut short by a stop is computed again
     assert same_example(cached_example(tmp_path, target, prompt, response), first)
     assert same_example(torch.load(path, weights_only=True), first)
+
+
+def test_a_full_disk_stops_the_feature_cache_not_the_training(data, tmp_path, monkeypatch):
+    target, _ = data
+    prompt, response = [5, 17, 33, 8], [9, 10, 11, 12, 13]
+    monkeypatch.setattr(data_mod, "CACHE_FREE_FLOOR", shutil.disk_usage(tmp_path).free + (1 << 40))
+    with pytest.warns(UserWarning, match="stops growing"):
+        low = cached_example(tmp_path, target, prompt, response)
+    assert same_example(low, sequence_example(target, prompt, response)) and not list(tmp_path.iterdir())
+    monkeypatch.setattr(data_mod, "CACHE_FREE_FLOOR", 0)
+    monkeypatch.setattr(torch, "save", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.warns(UserWarning, match="could not store"):
+        cut = cached_example(tmp_path, target, prompt, response)
+    assert same_example(cut, low) and not list(tmp_path.iterdir())   # no half-written file left behind
 
 
 def assert_same_up_to_rounding(batched: dict, alone: dict) -> None:

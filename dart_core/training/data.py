@@ -24,9 +24,11 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import sysconfig
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -38,6 +40,7 @@ from ..setup.datasets import CODE_COMPLETION_PROMPT, iter_sharegpt
 from ..target import TargetModel
 
 LABEL_TOPK = 8
+CACHE_FREE_FLOOR = 4 << 30   # the feature cache stops growing below this much free disk: training goes on
 LENGTH_SORT_BATCHES = 8   # generation sorts prompts by length within windows of this many batches
 
 
@@ -296,12 +299,26 @@ def cached_examples(cache_dir, target: TargetModel, pairs: list[tuple[list[int],
                 pass  # a file cut short by a stop: computed again
     missing = [i for i, e in enumerate(examples) if e is None]
     for i, example in zip(missing, sequence_examples(target, [pairs[i] for i in missing]) if missing else []):
-        paths[i].parent.mkdir(parents=True, exist_ok=True)
-        partial = paths[i].with_suffix(f".{os.getpid()}.tmp")   # processes of one run may compute the same one
-        torch.save(example, partial)
-        partial.rename(paths[i])  # whole files only
         examples[i] = example
+        paths[i].parent.mkdir(parents=True, exist_ok=True)
+        if shutil.disk_usage(paths[i].parent).free >= CACHE_FREE_FLOOR:
+            _store(example, paths[i])
+        else:
+            warnings.warn(f"the feature cache {cache_dir} stops growing: under {CACHE_FREE_FLOOR >> 30} GiB free on "
+                          "its disk (training goes on, computing the rest)", stacklevel=2)
     return examples
+
+
+def _store(example: dict, path: Path) -> None:
+    """Whole files only: written beside, then renamed (processes of one run may compute the same one); a disk
+    that fills while writing loses the file, not the run."""
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        torch.save(example, partial)
+        partial.rename(path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        warnings.warn(f"the feature cache could not store {path.name}: {exc}", stacklevel=3)
 
 
 class ExampleStream:

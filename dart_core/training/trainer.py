@@ -322,6 +322,7 @@ class Trainer:
         self.history: list[dict] = []
         self.sessions: list[dict] = []   # one entry per fit() call: command, commit, first step, minutes trained
         self._fit_started = time.time()   # reset by each fit()
+        self._sequences = None            # fit()'s source of training sequences
         self._evaluated_at: int | None = None   # the last evaluated step, known to every process alike
         self.model = TrainingForward(self.head)   # under DDP from fit() on when several processes train
 
@@ -492,7 +493,7 @@ class Trainer:
         metrics = self.history[-1] if self.history else {}
         self.sessions.append({"command": command, "commit": _git_commit(), "from_step": self.step, "minutes": 0.0,
                               "world_size": distributed.world_size()})
-        self._fit_started = time.time()
+        self._fit_started, self._sequences = time.time(), next_sequence
         if self.started_from is not None and not self.history:  # the starting head's score: the bar to beat
             metrics = self._eval_and_keep(command)
         while self.step < c.max_steps and distributed.all_agree(time.time() < deadline):
@@ -545,6 +546,8 @@ class Trainer:
         if distributed.is_main():
             # wall-clock time of this fit() so far (only fit() calls this): a run's total training time stays on record
             self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60
+            # how the sequences' features and labels are computed, where the source says (data.ExampleStream)
+            self.sessions[-1]["features_and_labels"] = getattr(self._sequences, "choice", None)
             metrics = {"step": self.step, **self.evaluate()}
             self.history.append(metrics)
             tqdm.write(f"[eval] step {self.step}: {json.dumps(metrics)}")
