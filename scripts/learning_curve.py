@@ -45,10 +45,12 @@ def lineage_tokens(head_metrics: dict | None) -> int:
 def run_points(run: Path) -> tuple[list[dict], dict]:
     """(points, provenance) of a run folder: every held-out evaluation in its checkpoint, tokens counted from the
     start of the lineage. An evaluation records its tokens where the trainer wrote them; older ones are placed
-    by their step (anchors per step are nearly constant within a run), and marked estimated."""
+    by their step (anchors per step are nearly constant within a run), and marked estimated. A branch of another
+    run (`train --branch-from`) has only its own evaluations, after the step it branched at."""
     state = torch.load(run / "ckpt.pt", weights_only=False, map_location="cpu")
-    metrics_file = run / "best" / "metrics.json"
-    metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+    saved = [run / name / "metrics.json" for name in ("end", "best") if (run / name / "metrics.json").is_file()]
+    metrics = json.loads(saved[0].read_text()) if saved else {}   # the head at the schedule's end knows it best
+    branched_at = (state.get("branched_from") or {}).get("step", -1)
     before = lineage_tokens(metrics.get("started_from"))
     per_step = state["tokens_seen"] / max(state["step"], 1)
     config = metrics.get("train_config") or {}
@@ -58,6 +60,8 @@ def run_points(run: Path) -> tuple[list[dict], dict]:
         schedule = state["step"] if spent >= 0.95 * (config.get("minutes") or 0) else schedule
     points = []
     for i, h in enumerate(state["history"]):
+        if h["step"] <= branched_at:
+            continue
         exact = "tokens_seen" in h
         tokens = h["tokens_seen"] if exact else round(h["step"] * per_step)
         last = i == len(state["history"]) - 1 and (schedule is None or h["step"] >= schedule)

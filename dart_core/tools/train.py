@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import random
+import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -95,6 +97,13 @@ def register(sub) -> None:
     t.add_argument("--schedule", choices=["steps", "time"], default="steps",
                    help="time: the learning rate's cosine runs out with --minutes (or --steps, if sooner), so a "
                         "session on a device of unknown speed ends annealed; it spans one session")
+    t.add_argument("--decay-steps", type=int, default=0, metavar="N",
+                   help="warmup-stable-decay: the rate holds at --lr until the last N of --steps, then anneals "
+                        "(0: the cosine runs over all of --steps)")
+    t.add_argument("--branch-from", default=None, metavar="RUN_DIR",
+                   help="start from another run's checkpoint and best head, copied into --out (RUN_DIR is left as "
+                        "it is); e.g. a long run's trunk annealed with --steps STEP+N --decay-steps N while the "
+                        "trunk goes on. Once --out holds the branch's own checkpoint, that one is resumed")
     t.add_argument("--n-mask", type=int, default=5)
     t.add_argument("--draft-vocab", type=int, default=8192, help="0 = the full target vocabulary")
     t.add_argument("--anchors", type=int, default=256, help="anchor positions per sequence (up to)")
@@ -267,6 +276,12 @@ def feature_batch(value: str) -> tuple[int, bool]:
 def cmd_train(args) -> int:
     if args.schedule == "time" and not args.minutes > 0:
         raise CliError("--schedule time needs --minutes: the schedule runs out with it")
+    if not 0 <= args.decay_steps <= args.steps:
+        raise CliError(f"--decay-steps {args.decay_steps}: it takes 0 to --steps ({args.steps})")
+    if args.decay_steps and args.schedule == "time":
+        raise CliError("--decay-steps anneals by steps; --schedule time anneals by the clock: choose one")
+    if args.branch_from and not (Path(args.branch_from) / "ckpt.pt").is_file():
+        raise CliError(f"--branch-from {args.branch_from}: no ckpt.pt there (a run folder of `train`)")
     feature_batch(args.feature_batch)   # a bad value is told before the slow load
     out = Path(args.out)
     try:
@@ -289,7 +304,8 @@ def _train(args, out: Path, device: str, target_config: dict) -> int:
     cfg = TrainConfig(n_mask=args.n_mask, draft_vocab=args.draft_vocab, anchors=args.anchors,
                       accumulate=args.accumulate, lr=args.lr, row_decay=args.row_decay, max_steps=args.steps,
                       minutes=args.minutes, eval_every=args.eval_every, seed=args.seed, bf16=not args.head_fp32,
-                      warmup=min(100, max(1, args.steps // 20)), head_format=args.format, schedule=args.schedule)
+                      warmup=min(100, max(1, args.steps // 20)), head_format=args.format, schedule=args.schedule,
+                      decay_steps=args.decay_steps)
     target, stops = _load(args.model, args.dtype, device)
     _check_taps(target, args.format)
     start = _starting_head(args.init_from, target, args.format)
@@ -318,13 +334,30 @@ def _train(args, out: Path, device: str, target_config: dict) -> int:
     trainer = Trainer(target, stats, heldout, cfg, out, stop_ids=stops,
                       corpus_counts=unigram_counts(args.vocab_ngram, target.vocab_size), start_head=start,
                       provenance=provenance)
-    if args.resume and trainer.resume():
-        say(f"[train] resumed at step {trainer.step} ({trainer.sequences_seen} sequences seen)", flush=True)
+    branched = args.branch_from is not None and distributed.is_main() and branch(Path(args.branch_from), out)
+    distributed.barrier()   # every process reads the copied checkpoint
+    if (args.resume or args.branch_from) and trainer.resume():
+        if branched:
+            trainer.branched_from = {"run": args.branch_from, "step": trainer.step}
+        say(f"[train] {'branched from ' + args.branch_from if branched else 'resumed'} at step {trainer.step} "
+            f"({trainer.sequences_seen} sequences seen)", flush=True)
     say(f"[train] draft vocabulary covers {trainer.coverage:.1%} of held-out target tokens", flush=True)
     result = trainer.fit(stream, _launch_command(sys.argv[1:]))
     say(f"[train] features and labels: {stream.choice}", flush=True)
     say(f"[train] done: {result}", flush=True)
     return 0
+
+
+def branch(source: Path, out: Path) -> bool:
+    """Copy `source`'s checkpoint and best head into `out`, unless `out` holds a checkpoint of its own already (the
+    branch, resumed). Returns whether it copied."""
+    if (out / "ckpt.pt").is_file():
+        return False
+    if (source / "best").is_dir():
+        shutil.copytree(source / "best", out / "best", dirs_exist_ok=True)
+    shutil.copyfile(source / "ckpt.pt", out / "ckpt.tmp")
+    os.replace(out / "ckpt.tmp", out / "ckpt.pt")   # whole, or not there
+    return True
 
 
 def split_heldout(records: list[dict], args, tokenizer, given: list[dict] | None = None

@@ -61,6 +61,7 @@ class TrainConfig:
     max_steps: int = 10_000          # optimizer steps (the schedule length)
     minutes: float = 0.0             # stop after this long (0 = no limit); the schedule still uses max_steps
     schedule: str = "steps"          # "time": the cosine also runs out with `minutes` (a device of unknown speed)
+    decay_steps: int = 0             # > 0: warmup-stable-decay, the rate held until the last decay_steps steps
     eval_every: int = 200
     seed: int = 0
     bf16: bool = True                # autocast the head's matmuls to bf16 where the device computes bf16 natively
@@ -323,6 +324,7 @@ class Trainer:
         self.sessions: list[dict] = []   # one entry per fit() call: command, commit, first step, minutes trained
         self._fit_started = time.time()   # reset by each fit()
         self._sequences = None            # fit()'s source of training sequences
+        self.branched_from: dict | None = None   # {"run", "step"}: the run whose checkpoint this one started from
         self._evaluated_at: int | None = None   # the last evaluated step, known to every process alike
         self.model = TrainingForward(self.head)   # under DDP from fit() on when several processes train
 
@@ -344,14 +346,19 @@ class Trainer:
         t2d[d2t] = torch.arange(len(d2t))
         return t2d
 
-    # schedule: linear warmup, cosine to 10%
+    # schedule: linear warmup, cosine to 10% (over the steps after the warmup, or over the last decay_steps)
     def lr_at(self, step: int, time_spent: float = 0.0) -> float:
         """time_spent: the share of --minutes this session has used; with schedule "time" the cosine is as far as
-        the further of it and the steps, so it ends at the time limit whatever the device's speed."""
+        the further of it and the steps, so it ends at the time limit whatever the device's speed. With
+        decay_steps the rate holds at lr until the last decay_steps steps (a long run's trunk holds it; a branch
+        of it anneals, giving a head at a schedule's end while the trunk goes on)."""
         c = self.cfg
         if step < c.warmup:
             return c.lr * (step + 1) / c.warmup
-        frac = min(1.0, (step - c.warmup) / max(1, c.max_steps - c.warmup))
+        if c.decay_steps:
+            frac = min(1.0, max(0.0, (step - (c.max_steps - c.decay_steps)) / c.decay_steps))
+        else:
+            frac = min(1.0, (step - c.warmup) / max(1, c.max_steps - c.warmup))
         if c.schedule == "time":
             frac = max(frac, min(1.0, time_spent))
         return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
@@ -425,17 +432,23 @@ class Trainer:
                              "world_size": distributed.world_size(), **self.provenance,
                              "tokens_seen": self.tokens_seen, "sequences_seen": self.sequences_seen,
                              "heldout_sequences": len(self.heldout), "vocab_coverage": round(self.coverage, 4),
-                             "heldout": metrics, "train_config": self.cfg.__dict__, "head_bf16": self.bf16}
+                             "heldout": metrics, "train_config": self.cfg.__dict__, "head_bf16": self.bf16,
+                             **({"branched_from": self.branched_from} if self.branched_from else {})}
         if self.cfg.head_format == "authors":
             save_authors(head, directory, max_positions=self.target.max_positions)
         else:
             head.save(directory)
         (Path(directory) / "metrics.json").write_text(json.dumps(head.config.extra, indent=2))
 
+    def _saved_step(self, name: str) -> int | None:
+        """The step of the head saved in the run folder's `name`/ (None: none there)."""
+        path = self.out / name / "metrics.json"
+        return json.loads(path.read_text()).get("steps") if path.is_file() else None
+
     def checkpoint(self) -> None:
         torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                     "tokens_seen": self.tokens_seen, "best": self.best, "sequences_seen": self.sequences_seen,
-                    "history": self.history, "sessions": self.sessions,
+                    "history": self.history, "sessions": self.sessions, "branched_from": self.branched_from,
                     "head_format": self.cfg.head_format}, self.out / "ckpt.tmp")
         (self.out / "ckpt.tmp").rename(self.out / "ckpt.pt")
 
@@ -460,6 +473,7 @@ class Trainer:
         self.sequences_seen = state["sequences_seen"]
         self.history = state["history"]
         self.sessions = state.get("sessions", [])
+        self.branched_from = state.get("branched_from")
         self._evaluated_at = self.history[-1]["step"] if self.history else None
         return True
 
@@ -504,6 +518,8 @@ class Trainer:
         progress.close()
         if self._evaluated_at != self.step:  # not just evaluated in the loop
             metrics = self._eval_and_keep(command)
+        if self.step >= c.max_steps and distributed.is_main() and self._saved_step("best") != self.step:
+            self.save(self.out / "end", metrics, command)   # the schedule's end (a fit point), where not the best
         return {"best_chain_tau": self.best, "last": metrics, "steps": self.step}
 
     def _train_step(self, next_sequence) -> dict:
