@@ -13,8 +13,8 @@ train:               train a head on those responses plus ShareGPT conversations
 from __future__ import annotations
 
 import json
-import random
 import os
+import random
 import shlex
 import shutil
 import sys
