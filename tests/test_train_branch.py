@@ -64,6 +64,8 @@ def test_a_branch_anneals_from_the_trunks_checkpoint_and_leaves_the_trunk_as_it_
     points, _ = run_points(root / "branch")                                # only the branch's own evaluations
     assert points and all(p["step"] > at for p in points) and points[-1]["endpoint"]
     assert points[-1]["step"] == at + 6
+    assert not any(p["estimated"] for p in points)                         # each evaluation records its tokens
+    assert points[-1]["tokens"] == state["tokens_seen"] > points[0]["tokens"]
 
     assert train(root, "branch", *branch) == 0                             # run again: resumed, not copied again
     out = capsys.readouterr().out

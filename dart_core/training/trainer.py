@@ -564,7 +564,7 @@ class Trainer:
             self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60
             # how the sequences' features and labels are computed, where the source says (data.ExampleStream)
             self.sessions[-1]["features_and_labels"] = getattr(self._sequences, "choice", None)
-            metrics = {"step": self.step, **self.evaluate()}
+            metrics = {"step": self.step, "tokens_seen": self.tokens_seen, **self.evaluate()}
             self.history.append(metrics)
             tqdm.write(f"[eval] step {self.step}: {json.dumps(metrics)}")
             if metrics["chain_tau"] > self.best:
