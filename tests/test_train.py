@@ -311,6 +311,37 @@ def test_resume_keeps_the_checkpoints_draft_vocab(data, tmp_path):
     assert torch.equal(again.t2d[again.head.d2t], torch.arange(20))
 
 
+def test_a_run_killed_between_evaluations_resumes_from_its_timed_checkpoint_as_if_never_stopped(data, tmp_path):
+    target, seqs = data
+    cfg = TrainConfig(n_mask=2, draft_vocab=20, anchors=4, accumulate=1, max_steps=5, eval_every=100, warmup=1,
+                      bf16=False, checkpoint_minutes=1e-9)   # no evaluation before the end; a checkpoint every step
+
+    def run(folder):
+        return Trainer(target, seqs[:6], seqs[:2], cfg, tmp_path / folder, stop_ids={2})
+
+    whole = run("whole")
+    whole.fit(lambda i: seqs[2 + i % 10])
+
+    class MachineGone(Exception):
+        pass
+
+    def gone_at_the_fourth_sequence(i):
+        if i == 3:
+            raise MachineGone
+        return seqs[2 + i % 10]
+
+    with pytest.raises(MachineGone):
+        run("killed").fit(gone_at_the_fourth_sequence)
+    again = run("killed")
+    assert again.resume() and again.step == 3 and not again.history   # steps 1-3 kept without an evaluation
+    again.fit(lambda i: seqs[2 + i % 10])
+    assert again.step == whole.step == 5 and again.tokens_seen == whole.tokens_seen
+    for name, weight in whole.head.state_dict().items():
+        assert torch.equal(again.head.state_dict()[name], weight), name
+    assert again.history[-1]["chain_tau"] == whole.history[-1]["chain_tau"]
+    assert [s["from_step"] for s in again.sessions] == [0, 3]
+
+
 def test_resume_with_a_larger_draft_vocab_keeps_what_was_learned(data, tmp_path):
     target, seqs = data
     cfg = TrainConfig(n_mask=1, draft_vocab=20, anchors=4, accumulate=1, max_steps=2, eval_every=2, warmup=1)

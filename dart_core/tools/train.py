@@ -112,6 +112,9 @@ def register(sub) -> None:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--row-decay", type=float, default=0.8)
     t.add_argument("--eval-every", type=int, default=100)
+    t.add_argument("--checkpoint-minutes", type=float, default=10.0, metavar="M",
+                   help="also checkpoint between evaluations at least this often, so a machine that stops "
+                        "mid-run loses at most M minutes (each evaluation checkpoints too)")
     t.add_argument("--head-fp32", action="store_true",
                    help="train the head in fp32 (default: bf16 autocast where this CPU or GPU has native bf16)")
     t.add_argument("--seed", type=int, default=0)
@@ -278,6 +281,8 @@ def cmd_train(args) -> int:
         raise CliError("--schedule time needs --minutes: the schedule runs out with it")
     if not 0 <= args.decay_steps <= args.steps:
         raise CliError(f"--decay-steps {args.decay_steps}: it takes 0 to --steps ({args.steps})")
+    if not args.checkpoint_minutes > 0:
+        raise CliError(f"--checkpoint-minutes {args.checkpoint_minutes}: it takes a time above 0")
     if args.decay_steps and args.schedule == "time":
         raise CliError("--decay-steps anneals by steps; --schedule time anneals by the clock: choose one")
     if args.branch_from and not (Path(args.branch_from) / "ckpt.pt").is_file():
@@ -303,7 +308,8 @@ def _train(args, out: Path, device: str, target_config: dict) -> int:
     say = print if distributed.is_main() else (lambda *a, **k: None)
     cfg = TrainConfig(n_mask=args.n_mask, draft_vocab=args.draft_vocab, anchors=args.anchors,
                       accumulate=args.accumulate, lr=args.lr, row_decay=args.row_decay, max_steps=args.steps,
-                      minutes=args.minutes, eval_every=args.eval_every, seed=args.seed, bf16=not args.head_fp32,
+                      minutes=args.minutes, eval_every=args.eval_every,
+                      checkpoint_minutes=args.checkpoint_minutes, seed=args.seed, bf16=not args.head_fp32,
                       warmup=min(100, max(1, args.steps // 20)), head_format=args.format, schedule=args.schedule,
                       decay_steps=args.decay_steps)
     target, stops = _load(args.model, args.dtype, device)

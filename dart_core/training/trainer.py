@@ -63,6 +63,7 @@ class TrainConfig:
     schedule: str = "steps"          # "time": the cosine also runs out with `minutes` (a device of unknown speed)
     decay_steps: int = 0             # > 0: warmup-stable-decay, the rate held until the last decay_steps steps
     eval_every: int = 200
+    checkpoint_minutes: float = 10.0  # also checkpoint between evaluations this often (a killed run loses less)
     seed: int = 0
     bf16: bool = True                # autocast the head's matmuls to bf16 where the device computes bf16 natively
     head_format: str = "dartlab"     # "authors": their architecture (double norm, feature scales without a mean)
@@ -322,7 +323,7 @@ class Trainer:
         self.best = -1.0
         self.history: list[dict] = []
         self.sessions: list[dict] = []   # one entry per fit() call: command, commit, first step, minutes trained
-        self._fit_started = time.time()   # reset by each fit()
+        self._fit_started = self._checkpointed_at = time.time()   # reset by each fit()
         self._sequences = None            # fit()'s source of training sequences
         self.branched_from: dict | None = None   # {"run", "step"}: the run whose checkpoint this one started from
         self._evaluated_at: int | None = None   # the last evaluated step, known to every process alike
@@ -446,6 +447,10 @@ class Trainer:
         return json.loads(path.read_text()).get("steps") if path.is_file() else None
 
     def checkpoint(self) -> None:
+        """Everything a resume needs to go on exactly as if never stopped, written whole or not at all."""
+        if self.sessions:  # wall-clock time of this fit() so far: a run's total training time stays on record
+            self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60
+        self._checkpointed_at = time.time()
         torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                     "tokens_seen": self.tokens_seen, "best": self.best, "sequences_seen": self.sequences_seen,
                     "history": self.history, "sessions": self.sessions, "branched_from": self.branched_from,
@@ -507,7 +512,8 @@ class Trainer:
         metrics = self.history[-1] if self.history else {}
         self.sessions.append({"command": command, "commit": _git_commit(), "from_step": self.step, "minutes": 0.0,
                               "world_size": distributed.world_size()})
-        self._fit_started, self._sequences = time.time(), next_sequence
+        self._fit_started = self._checkpointed_at = time.time()
+        self._sequences = next_sequence
         if self.started_from is not None and not self.history:  # the starting head's score: the bar to beat
             metrics = self._eval_and_keep(command)
         while self.step < c.max_steps and distributed.all_agree(time.time() < deadline):
@@ -515,6 +521,8 @@ class Trainer:
             progress.update(self.step, stats)
             if self.step % c.eval_every == 0:
                 metrics = self._eval_and_keep(command)
+            elif distributed.is_main() and time.time() - self._checkpointed_at > c.checkpoint_minutes * 60:
+                self.checkpoint()   # only rank 0 writes; the next step's gradient sync is the others' wait
         progress.close()
         if self._evaluated_at != self.step:  # not just evaluated in the loop
             metrics = self._eval_and_keep(command)
@@ -560,8 +568,7 @@ class Trainer:
         """Rank 0 evaluates, keeps the best head and checkpoints; the other processes wait for it."""
         metrics, self._evaluated_at = {}, self.step
         if distributed.is_main():
-            # wall-clock time of this fit() so far (only fit() calls this): a run's total training time stays on record
-            self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60
+            self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60  # for the saved head's metrics
             # how the sequences' features and labels are computed, where the source says (data.ExampleStream)
             self.sessions[-1]["features_and_labels"] = getattr(self._sequences, "choice", None)
             metrics = {"step": self.step, "tokens_seen": self.tokens_seen, **self.evaluate()}
