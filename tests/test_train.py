@@ -391,6 +391,10 @@ def test_a_run_started_from_a_trained_head_keeps_it_and_its_training_time(data, 
     third = Trainer(target, seqs[:6], seqs[:3], cfg, tmp_path / "third", stop_ids={2}, start_head=untimed)
     third.fit(lambda i: seqs[3 + i % 11], "c")
     assert DraftHead.load(tmp_path / "third" / "best").config.extra["train_minutes_total"] is None
+    # resumed with --init-from naming another head (the asset replaced by a newer one), the run keeps its lineage
+    again = Trainer(target, seqs[:6], seqs[:3], TrainConfig(**{**cfg.__dict__, "max_steps": 4}), tmp_path / "second",
+                    stop_ids={2}, start_head=untimed)
+    assert again.resume() and again.started_from.get("train_minutes") == 100.0   # the first head, not `untimed`
 
 
 def test_stdlib_functions_become_humaneval_style_sequences(tmp_path):

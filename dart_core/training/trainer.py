@@ -454,7 +454,7 @@ class Trainer:
         torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                     "tokens_seen": self.tokens_seen, "best": self.best, "sequences_seen": self.sequences_seen,
                     "history": self.history, "sessions": self.sessions, "branched_from": self.branched_from,
-                    "head_format": self.cfg.head_format}, self.out / "ckpt.tmp")
+                    "head_format": self.cfg.head_format, "started_from": self.started_from}, self.out / "ckpt.tmp")
         (self.out / "ckpt.tmp").rename(self.out / "ckpt.pt")
 
     def resume(self) -> bool:
@@ -479,6 +479,8 @@ class Trainer:
         self.history = state["history"]
         self.sessions = state.get("sessions", [])
         self.branched_from = state.get("branched_from")
+        if "started_from" in state:  # the run's lineage is its own, whatever --init-from now names (a newer head)
+            self.started_from = state["started_from"]
         self._evaluated_at = self.history[-1]["step"] if self.history else None
         return True
 
