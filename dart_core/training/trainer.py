@@ -448,14 +448,17 @@ class Trainer:
 
     def checkpoint(self) -> None:
         """Everything a resume needs to go on exactly as if never stopped, written whole or not at all."""
-        if self.sessions:  # wall-clock time of this fit() so far: a run's total training time stays on record
-            self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60
+        self._record_session_minutes()
         self._checkpointed_at = time.time()
         torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                     "tokens_seen": self.tokens_seen, "best": self.best, "sequences_seen": self.sequences_seen,
                     "history": self.history, "sessions": self.sessions, "branched_from": self.branched_from,
                     "head_format": self.cfg.head_format, "started_from": self.started_from}, self.out / "ckpt.tmp")
         (self.out / "ckpt.tmp").rename(self.out / "ckpt.pt")
+
+    def _record_session_minutes(self) -> None:
+        """Wall-clock time of this fit() so far (only fit() saves): a run's total training time stays on record."""
+        self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60
 
     def resume(self) -> bool:
         """Continue from the run folder's checkpoint (written by any number of processes, read by any number)."""
@@ -570,7 +573,7 @@ class Trainer:
         """Rank 0 evaluates, keeps the best head and checkpoints; the other processes wait for it."""
         metrics, self._evaluated_at = {}, self.step
         if distributed.is_main():
-            self.sessions[-1]["minutes"] = (time.time() - self._fit_started) / 60  # for the saved head's metrics
+            self._record_session_minutes()   # for the saved head's metrics
             # how the sequences' features and labels are computed, where the source says (data.ExampleStream)
             self.sessions[-1]["features_and_labels"] = getattr(self._sequences, "choice", None)
             metrics = {"step": self.step, "tokens_seen": self.tokens_seen, **self.evaluate()}
