@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     try:
         if args.action == "split":
             m = split(Path(args.source), Path(args.out), args.part_mib)
-            print(f"{args.source}: {sum(len(f['parts']) for f in m['files'])} parts in {args.out}")
+            print(f"{args.source}: {len(m['parts'])} parts in {args.out}")
         elif args.action == "join":
             print(f"joined {join(Path(args.parts), Path(args.out))}")
         elif args.action == "hold":
