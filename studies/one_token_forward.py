@@ -3,7 +3,7 @@
 Where DART's plain step starts against `generate` decides how much τ it needs to win: on a CPU where our measured
 kernels beat torch's default GEMM for one row, DART starts ahead; where they do not, its gain is τ alone.
 
-    python -m scripts.one_token_forward [--repeats 3]
+    python -m studies.one_token_forward [--repeats 3]
 
 Prints, per repeat (the spread between repeats is the machine's noise): our verify of one token with the measured
 kernel plan (decoder linears and output layer), the same on torch's default kernels, transformers' forward with its

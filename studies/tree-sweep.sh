@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU tree-size sweep behind DART's default node budget: tokens/s and tau of DART for each node budget, both
-# dtypes, greedy, on the first prompts of MT-bench and HumanEval. Usage: bash scripts/tree-sweep.sh [DRAFT] [LIMIT]
+# dtypes, greedy, on the first prompts of MT-bench and HumanEval. Usage: bash studies/tree-sweep.sh [DRAFT] [LIMIT]
 set -euo pipefail
 draft=${1:-default}; limit=${2:-3}; out=runs/sweep; mkdir -p $out
 python -m dart_core bench --workloads mtbench,humaneval --limit "$limit" --max-new-tokens 64 --temperature 0 \

@@ -1,6 +1,6 @@
 """Does re-choosing the automatic node budget every few steps pay, against one choice per run?
 
-    python -m scripts.rechoose --prompts 12 --rounds 2
+    python -m studies.rechoose --prompts 12 --rounds 2
 
 Decodes ShareGPT dev prompts (from the end of the file, not the benchmark's) with dart_pld and the automatic budget,
 once with the choice made again every RECHOOSE_EVERY steps (as shipped) and once with a single choice after the
@@ -26,7 +26,7 @@ NEVER = 10**9
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m scripts.rechoose")
+    p = argparse.ArgumentParser(prog="python -m studies.rechoose")
     p.add_argument("--prompts", type=int, default=12)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     print(f"{detect().describe()} · {loaded.dtype}", flush=True)
     firsts = [c[0]["content"] for c in iter_sharegpt()
               if c[0]["role"] == "user" and 20 <= len(c[0]["content"]) <= 1500]
-    prompts = firsts[-(args.prompts + 28):-28]   # clear of the last 24+ that scripts/tune_search.py records
+    prompts = firsts[-(args.prompts + 28):-28]   # clear of the last 24+ that studies/tune_search.py records
     shipped = RECHOOSE_EVERY
     totals = {shipped: [0, 0.0], NEVER: [0, 0.0]}
     for r in range(args.rounds):

@@ -1,7 +1,7 @@
 """Tuning the tree search from numbers, with no model in the loop.
 
-    python -m scripts.tune_search record --out runs/dev --prompts 24     # greedy dart_pld traces of dev prompts
-    python -m scripts.tune_search replay runs/dev                        # every search setting, replayed
+    python -m studies.tune_search record --out runs/dev --prompts 24     # greedy dart_pld traces of dev prompts
+    python -m studies.tune_search replay runs/dev                        # every search setting, replayed
 
 `record` decodes dev prompts (ShareGPT conversations from the end of the file: not the benchmark's MT-bench and
 HumanEval prompts) with the default model and saves one trace each. `replay` rebuilds, for every recorded DART step,
@@ -124,7 +124,7 @@ def replay(folder: Path, top: int) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m scripts.tune_search")
+    p = argparse.ArgumentParser(prog="python -m studies.tune_search")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("record")
     r.add_argument("--out", type=Path, required=True)

@@ -1,6 +1,6 @@
 """Where one training step of the draft head spends its time, on the real training loop (`Trainer.fit`).
 
-    python scripts/profile_train.py --steps 10 --skip 2 [--no-bf16] [--target-dtype fp32] [--anchors 512]
+    python studies/profile_train.py --steps 10 --skip 2 [--no-bf16] [--target-dtype fp32] [--anchors 512]
         [--feature-cache runs/fcache] [--json runs/prof.json]
 
 The phases are cut by wall-clock marks (every op here is synchronous on the CPU): hooks on the head's output layer
