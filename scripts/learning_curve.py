@@ -1,9 +1,10 @@
 """The draft head's learning curve: held-out row-0 top-1 and chain tau against anchor tokens seen (log scale).
 
-Every training run adds its evaluations to docs/learning-curve.json (one series per run, tokens counted from the
-start of the head's whole lineage, so a run continued from a trained head starts where that head stopped), and the
-script redraws docs/learning-curve.svg and rewrites the table and fit in docs/learning-curve.md. A series only
-compares with series measured on the same held-out set (its `heldout` name); the fit is made per held-out set.
+Every training run adds its evaluations to docs/results/learning-curve.json (one series per run, tokens counted from
+the start of the head's whole lineage, so a run continued from a trained head starts where that head stopped), and
+the script redraws docs/results/learning-curve.svg and rewrites the table and fit in docs/results/learning-curve.md
+(docs/training.md reads them). A series only compares with series measured on the same held-out set (its `heldout`
+name); the fit is made per held-out set.
 
     python -m scripts.learning_curve add runs/head5-cont --name "K=5 continued, chat+code" --heldout mix48-seed1
     python -m scripts.learning_curve draw
@@ -26,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
-DATA, SVG, TABLE = DOCS / "learning-curve.json", DOCS / "learning-curve.svg", DOCS / "learning-curve.md"
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+DATA, SVG, TABLE = RESULTS / "learning-curve.json", RESULTS / "learning-curve.svg", RESULTS / "learning-curve.md"
 TARGETS = {"row0_top1": 0.50}                    # issue 21's held-out target
 FIT_FROM = 1_000_000                             # tokens: fit only the slow part of the curve
 
@@ -102,7 +103,8 @@ def fastest_run(data: dict) -> dict | None:
 def table(data: dict) -> str:
     out = ["# The draft head's learning curve", "",
            "Held-out row-0 top-1 and chain tau against anchor tokens seen, per training run (`scripts/learning_curve.py`"
-           " writes this page, `docs/learning-curve.json` and `docs/learning-curve.svg`). Tokens count the head's whole "
+           " writes this page, `learning-curve.json` and `learning-curve.svg` beside it; `docs/training.md` reads them). "
+           "Tokens count the head's whole "
            "lineage; points marked * place an evaluation by its step; the fit reads only the heads at the end of a "
            "schedule (marked end). Runs compare only on the same held-out set.", "",
            "![learning curve](learning-curve.svg)", ""]
