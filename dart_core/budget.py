@@ -22,6 +22,7 @@ PROBE_EVERY steps that keeps measuring whether drafting pays again.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +65,8 @@ class AutoBudget:
         self.curve, self.start, self.max_budget = curve, int(start), int(max_budget)
         self.rechoose_every = int(rechoose_every)
         self.remeasure, self._ratios = remeasure, []
+        # seconds spent re-measuring the curve mid-run: machine calibration, not decoding (the bench reports it apart)
+        self.calibration_seconds = 0.0
         self.budgets = np.arange(self.max_budget + 1)
         self.overhead, self._timed = 0.0, 0              # mean seconds of drafting and search per step
         self.pending: list[_Pending] = []
@@ -125,7 +128,9 @@ class AutoBudget:
         if 1 / CURVE_TOLERANCE <= ratio <= CURVE_TOLERANCE:
             return None
         if self.remeasure is not None:
+            t0 = time.perf_counter()
             self.curve, self.remeasure, action = self.remeasure(), None, "re-measured"
+            self.calibration_seconds += time.perf_counter() - t0
         else:
             self.curve, action = self.curve.scaled(ratio), "scaled"
         self.choice = None            # choose again at the next step, on the new curve

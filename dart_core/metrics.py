@@ -6,8 +6,10 @@ The words are defined once, in dart_core.glossary.GLOSSARY (the app's glossary s
   prefill per generation observed).
 - acceptance_by_depth[d-1], conditional_acceptance[d-1]: GLOSSARY["acceptance per position"], the share of steps
   that reached depth d and the conditional rate.
-- tokens_per_s: emitted tokens / wall time from the start of the prefill to the end of the last step (a speedup,
-  GLOSSARY["speedup"], is a ratio of these).
+- tokens_per_s: emitted tokens / decode time, the wall time from the start of the prefill to the end of the last step
+  less any re-measuring of the machine's cost curve in between (calibration_time, reported apart); a speedup,
+  GLOSSARY["speedup"], is a ratio of these. `tokens_per_second` is that division: the bench's cells, the app's lanes
+  and the report's stats use it too, so every tokens/s shown is defined here.
 - phase_share: each per-step phase's share (draft, search, verify, accept) of their summed time; the prefill is
   left out, being paid once per generation rather than per step.
 """
@@ -17,6 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .trace import PHASES, StepRecord
+
+
+def tokens_per_second(tokens: int, seconds: float) -> float:
+    """Tokens per second: `tokens` emitted over the `seconds` they took (0.0 when no time was measured)."""
+    return tokens / seconds if seconds > 0 else 0.0
 
 
 @dataclass
@@ -30,6 +37,7 @@ class Metrics:
     accepted_hist: list[int] = field(default_factory=list)  # accepted_hist[a] = steps that accepted a drafts
     node_budgets: dict[str, int] = field(default_factory=dict)  # DART: verify steps per node budget used
     wall_time: float = 0.0
+    calibration_time: float = 0.0   # of wall_time: the cost curve re-measured mid-run (machine set-up, not decoding)
     phase_time: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in ("prefill", *PHASES)})
 
     def observe(self, step: StepRecord) -> None:
@@ -64,6 +72,7 @@ class Metrics:
         for i, c in enumerate(other.accepted_hist):
             self.accepted_hist[i] += c
         self.wall_time += other.wall_time
+        self.calibration_time += other.calibration_time
         for k, v in other.node_budgets.items():
             self.node_budgets[k] = self.node_budgets.get(k, 0) + v
         for k, v in other.phase_time.items():
@@ -89,8 +98,13 @@ class Metrics:
         return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
 
     @property
+    def decode_time(self) -> float:
+        """The wall time less the calibration in it: the seconds spent decoding."""
+        return max(self.wall_time - self.calibration_time, 0.0)
+
+    @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
+        return tokens_per_second(self.new_tokens, self.decode_time)
 
     @property
     def acceptance_by_depth(self) -> list[float]:
@@ -116,6 +130,7 @@ class Metrics:
                 "forward_passes": self.forward_passes, "tokens_per_forward": round(self.tokens_per_forward, 4),
                 "accepted_tokens": self.accepted_tokens, "draft_nodes": self.draft_nodes,
                 "tokens_per_s": round(self.tokens_per_s, 3), "wall_time": round(self.wall_time, 4),
+                "calibration_time": round(self.calibration_time, 4),
                 "acceptance_by_depth": [round(x, 4) for x in self.acceptance_by_depth],
                 "conditional_acceptance": [round(x, 4) for x in self.conditional_acceptance],
                 "phase_time": {k: round(v, 4) for k, v in self.phase_time.items()},

@@ -3,6 +3,9 @@
 Definitions (per method, dtype, temperature and workload, summed over its prompts):
   tokens_per_s  new tokens / decode wall time. The clock runs around the whole decode call of each prompt (prefill
                 included, prompt tokenization excluded), the same for every method.
+  calibration_seconds  DART with --node-budget auto: time its automatic budget spent re-measuring the machine's
+                verify cost curve mid-run (the run's verifies disagreed with the curve), taken out of the decode
+                wall time above and reported here apart.
   speedup       tokens_per_s / tokens_per_s of hf_generate in the same dtype (and temperature, workload).
                 speedup_vs_hf_fp32 divides by hf_generate in fp32, speedup_vs_hf_best by hf_generate in its faster
                 dtype.
@@ -48,6 +51,7 @@ class Cell:
     prompts: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    calibration_seconds: float = 0.0   # left out of seconds (see the module doc)
     forwards: int = 0                  # hf methods: hook-counted forward passes
     metrics: Metrics | None = None     # ours: the prompts' Metrics merged
     compared: int = 0
@@ -60,6 +64,7 @@ class Cell:
         self.prompts += 1
         self.tokens += len(run.output)
         self.seconds += run.seconds
+        self.calibration_seconds += run.calibration_seconds
         self.forwards += run.forwards or 0
         if run.metrics is not None:
             if self.metrics is None:
@@ -104,6 +109,7 @@ class Cell:
         return {
             "method": self.method, "dtype": self.dtype, "temperature": self.temperature, "workload": self.workload,
             "prompts": self.prompts, "new_tokens": self.tokens, "seconds": round(self.seconds, 4),
+            "calibration_seconds": round(self.calibration_seconds, 4),
             "tokens_per_s": round(self.tokens_per_s, 3), "speedup": None, "speedup_vs_hf_fp32": None,
             "speedup_vs_hf_best": None,
             "tau": _round(self.tau()),
@@ -182,7 +188,8 @@ def _run_row(r: Run) -> dict:
         tau = r.metrics.tau
     return {"prompt": r.prompt.id, "workload": r.prompt.workload, "method": r.method, "dtype": r.dtype,
             "temperature": r.temperature, "prompt_tokens": len(r.prompt.ids), "new_tokens": len(r.output),
-            "seconds": round(r.seconds, 5), "forwards": forwards, "tau": _round(tau),
+            "seconds": round(r.seconds, 5), "calibration_seconds": round(r.calibration_seconds, 5),
+            "forwards": forwards, "tau": _round(tau),
             "stop": r.stop, "first_diff": r.first_diff, "reference": r.reference}
 
 
@@ -207,6 +214,9 @@ def format_table(report: dict) -> str:
     lines = ["  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "-" * len(lines[0]))
+    calibrated = [r for r in report["results"] if r["workload"] == ALL and r.get("calibration_seconds")]
+    lines += [f"{r['method']} {r['dtype']} t={r['temperature']:g}: the cost curve re-measured mid-run for "
+              f"{r['calibration_seconds']:.1f} s (not counted in tok/s)" for r in calibrated]
     return "\n".join(lines)
 
 

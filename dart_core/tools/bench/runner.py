@@ -1,6 +1,8 @@
 """Decoding one prompt with one method on a loaded target: ours through dart_core's loop (which fills a Metrics),
 transformers' through `model.generate` (its forward passes counted with a hook). The clock runs around the whole
-decode call, prefill included."""
+decode call, prefill included; where DART's automatic budget re-measures the machine's cost curve during the call (its
+verifies disagreed with the curve: a busy machine), that calibration is taken out of the run's seconds and reported
+apart, so a shared CPU's minute of measuring does not count as decoding."""
 
 from __future__ import annotations
 
@@ -40,19 +42,23 @@ class Runner:
         plan = self.plan
         sampling = SamplingConfig(temperature, plan.top_p, plan.top_k, seed)
         cfg = GenerationConfig(max_new, sampling, stop_ids=self.stops)
+        proposer = self.proposers[method]
         metrics = Metrics()
         out: list[int] = []
         stop = None
+        calibrated = _calibration_seconds(proposer)
         self._sync()
         t0 = time.perf_counter()
-        for step in generate(self.target, self.proposers[method], prompt.ids, cfg):
+        for step in generate(self.target, proposer, prompt.ids, cfg):
             metrics.observe(step)
             out.extend(step.new_tokens)
             stop = step.stop_reason
         self._sync()
         seconds = time.perf_counter() - t0
-        return Run(prompt, method, "", temperature, cut_at_stop(out, self.stops, max_new), seconds,
-                   metrics=metrics, stop=stop)
+        metrics.calibration_time = _calibration_seconds(proposer) - calibrated
+        return Run(prompt, method, "", temperature, cut_at_stop(out, self.stops, max_new),
+                   seconds - metrics.calibration_time, metrics=metrics, stop=stop,
+                   calibration_seconds=metrics.calibration_time)
 
     def _run_hf(self, method, prompt, temperature, seed, max_new) -> Run:
         plan = self.plan
@@ -87,3 +93,9 @@ class Runner:
         cut = cut_at_stop(new, self.stops, max_new)
         stop = "stop_token" if cut and cut[-1] in self.stops else "max_new_tokens"
         return Run(prompt, method, "", temperature, cut, seconds, forwards=forwards, stop=stop)
+
+
+def _calibration_seconds(proposer) -> float:
+    """Seconds the proposer's automatic budget has spent re-measuring the cost curve so far (0 without one)."""
+    budget = getattr(proposer, "auto_budget", None)
+    return budget.calibration_seconds if budget is not None else 0.0

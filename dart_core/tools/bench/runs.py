@@ -18,13 +18,14 @@ class Run:
     dtype: str
     temperature: float
     output: list[int]
-    seconds: float
+    seconds: float                     # decoding: the whole call, less calibration_seconds
     forwards: int | None = None        # hf methods: target forward passes
     metrics: Metrics | None = None     # ours: the Metrics of this prompt
     stop: str | None = None
     first_diff: int | None = None      # greedy: first position differing from the reference (None: identical)
     reference: str | None = None
     seed: int | None = None
+    calibration_seconds: float = 0.0   # the cost curve re-measured during the call (not decoding: reported apart)
 
 
 def run_key(ident: dict, dtype: str, temperature: float, method: str, seed: int | None) -> tuple:

@@ -33,7 +33,8 @@ def run_to_dict(run: Run) -> dict:
     the runs of its prompt when the report is built."""
     return {"prompt": {**prompt_ident(run.prompt), "ids": list(run.prompt.ids)}, "method": run.method,
             "dtype": run.dtype, "temperature": run.temperature, "seed": run.seed, "output": list(run.output),
-            "seconds": run.seconds, "forwards": run.forwards, "stop": run.stop,
+            "seconds": run.seconds, "calibration_seconds": run.calibration_seconds, "forwards": run.forwards,
+            "stop": run.stop,
             "metrics": None if run.metrics is None else asdict(run.metrics)}
 
 
@@ -43,7 +44,8 @@ def run_from_dict(d: dict, prompt: BenchPrompt) -> Run:
     # A record saved before Metrics counted prefills lacks the count: a run is one generation, one prefill.
     metrics = None if m is None else Metrics(**{"prefills": 1, **m})
     return Run(prompt, d["method"], d["dtype"], d["temperature"], list(d["output"]), d["seconds"],
-               forwards=d["forwards"], metrics=metrics, stop=d["stop"], seed=d["seed"])
+               forwards=d["forwards"], metrics=metrics, stop=d["stop"], seed=d["seed"],
+               calibration_seconds=d.get("calibration_seconds", 0.0))     # absent from older records: none
 
 
 class RunsFile:
