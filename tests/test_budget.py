@@ -221,6 +221,14 @@ def test_the_measured_curve_is_a_median_fitted_never_to_decrease(one_thread):
     assert CostCurve.from_dict({"rows": [1, 2], "seconds": [1.0, 2.0], "context": 8}).measured is None   # old files
 
 
+def test_the_monotone_fit_is_the_least_squares_isotonic_regression():
+    from scipy.optimize import isotonic_regression     # the reference (a test dependency; the engine has its own)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        seconds = rng.random(int(rng.integers(1, 16)))
+        assert np.allclose(monotone_fit(seconds), isotonic_regression(seconds).x)
+
+
 def test_a_curve_the_run_disagrees_with_is_measured_again_then_scaled():
     calls = []
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.optimize import isotonic_regression
 
 from ..draft_kernels import int8_copy, int8_supported, time_head
 from ..errors import ConfigError
@@ -36,7 +35,13 @@ FORMAT = "dart-lab-calibration/1"
 def monotone_fit(seconds) -> tuple[float, ...]:
     """The closest never-decreasing sequence (least squares): a verify of more tokens does not cost less, so a
     size measured faster than a smaller one was noise (seen: t(12) 104 ms, t(16) 85 ms)."""
-    return tuple(float(s) for s in isotonic_regression(np.asarray(seconds, dtype=np.float64)).x)
+    blocks: list[list[float]] = []   # pool adjacent violators: [mean, count] runs, merged while one falls
+    for s in seconds:
+        blocks.append([float(s), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return tuple(mean for mean, count in blocks for _ in range(int(count)))
 
 
 def machine_key(target: TargetModel, what: str, extra: str = "") -> str:

@@ -7,7 +7,15 @@ from pathlib import Path
 
 from ..tree_search import SearchConfig
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
+
+def _assets() -> Path:
+    """The repository's assets/ in a checkout; dart_core/assets where the package is installed (pyproject.toml)."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "assets"
+    return installed if installed.is_dir() else package.parent / "assets"
+
+
+ASSETS = _assets()
 DEFAULT_HEAD = ASSETS / "smollm2-dart-head"
 DEFAULT_NGRAM = ASSETS / "smollm2-ngram3.npz"
 # On a CPU a verify forward grows with the tree, so the reference's 60-node trees lose; 8 nodes won the tree-size

@@ -10,7 +10,6 @@ from ..ngram import NGramModel
 from ..setup.files import check_writable, write_atomic
 from ..setup.loading import load_ngram
 from ..trace import Trace, TraceError, check_trace
-from ..views.report import report_html
 
 
 def register(sub) -> None:
@@ -26,6 +25,7 @@ def register(sub) -> None:
 
 
 def cmd_report(args) -> int:
+    report_html = _views()
     out = check_writable(args.out)
     traces = []
     for path in args.traces:
@@ -39,6 +39,17 @@ def cmd_report(args) -> int:
     size = write_atomic(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     print(f"wrote {out} ({size / 1e6:.1f} MB, {len(traces)} lane{'s' if len(traces) > 1 else ''})")
     return 0
+
+
+def _views():
+    """The report's drawing code: imported here, because it needs the app's libraries (plotly, pandas, networkx)
+    and the engine's other commands do not."""
+    try:
+        from ..views.report import report_html
+    except ImportError as exc:
+        raise DartError(f"the report needs the app's libraries ({exc.name} is missing): "
+                        "pip install 'dart-lab[app]'") from None
+    return report_html
 
 
 def _replay_table(spec: str | None, traces: list[Trace]) -> NGramModel | None:
