@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from dart_core.errors import DartError
 from dart_core.methods import VANILLA, lane_of
-from dart_core.metrics import Metrics
+from dart_core.metrics import Metrics, tokens_per_second
 from dart_core.trace import StepRecord, Trace
 
 WAITING, RUNNING, DONE, STOPPED, ERROR, REPLAY = "waiting", "running", "done", "stopped", "error", "replay"
@@ -41,7 +41,7 @@ class Lane:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.own_time if self.own_time > 0 else 0.0
+        return tokens_per_second(self.tokens, self.own_time)
 
     @property
     def metrics(self) -> Metrics:

@@ -196,6 +196,32 @@ def test_bench_prompt_file_bad_lines_sampling_and_two_dtypes(tmp_path, capsys, m
     assert {r["prompt"] for r in report["runs"]} == {"mine/1", "q2"}
 
 
+def test_every_tokens_per_s_shown_is_metrics_definition(hand, monkeypatch):
+    """The bench's cells, the app's lanes and the HTML report's lane cards read tokens/s from dart_core.metrics: the
+    same tokens over the same seconds give the same figure everywhere."""
+    from app.lanes import Lane
+    from dart_core.metrics import tokens_per_second
+    from dart_core.views import report as html_report
+
+    m = Metrics.from_steps(hand.steps)                        # 4 tokens in 0.1 s of wall time
+    rate = m.new_tokens / m.wall_time
+    assert m.tokens_per_s == tokens_per_second(m.new_tokens, m.wall_time) == pytest.approx(rate)
+    assert tokens_per_second(5, 0.0) == 0.0                   # no time measured: no rate, not a division by zero
+
+    output = [t for s in hand.steps for t in s.new_tokens]
+    run = Run(BenchPrompt("a/1", "a", "x", ids=[1]), "dart", "fp32", 0.0, output, seconds=m.wall_time, metrics=m)
+    cell = build_report([run], ["dart"], ["fp32"], [0.0], {"a": {}})["results"][0]
+    assert cell["tokens_per_s"] == round(rate, 3)
+
+    assert Lane("dart", hand, own_time=m.wall_time).tokens_per_s == pytest.approx(rate)
+
+    shown = {}
+    monkeypatch.setattr(html_report, "lane_html", lambda key, title, status, stats, body: shown.update(stats))
+    monkeypatch.setattr(hand.settings, "own_time_s", m.wall_time)
+    html_report._lane_card("dart", hand, None)
+    assert shown["tok/s"] == f"{rate:.1f}"
+
+
 # ---------------------------------------------------------------------------------------------------- resuming
 def test_run_round_trips_through_its_record(tmp_path):
     p = BenchPrompt("a/1", "a", "x", ids=[1, 2], index=3)

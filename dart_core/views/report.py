@@ -18,7 +18,7 @@ from plotly.offline import get_plotlyjs
 from dart_core.errors import DartError
 from dart_core.forensics import REASON_TEXT
 from dart_core.methods import DART, LANE_ORDER, LANES, VANILLA, lane_of
-from dart_core.metrics import Metrics
+from dart_core.metrics import Metrics, tokens_per_second
 from dart_core.ngram import NGramModel
 from dart_core.trace import Trace
 
@@ -134,14 +134,14 @@ def _own_time(trace: Trace) -> float:
 def _lane_card(key: str, trace: Trace, plain: Trace | None) -> str:
     m = Metrics.from_steps(trace.steps)
     seconds = _own_time(trace)
-    rate = m.new_tokens / seconds if seconds > 0 else 0.0
+    rate = tokens_per_second(m.new_tokens, seconds)
     stats = [("tokens", str(m.new_tokens)), ("tok/s", f"{rate:.1f}"), ("steps", str(len(trace.steps))),
              ("tokens per forward", f"{m.tokens_per_forward:.2f}"), ("time", f"{seconds:.2f} s")]
     if key != VANILLA:
         stats.insert(2, ("τ", f"{m.tau:.2f}" if m.verify_steps else "–"))
-        plain_s = _own_time(plain) if plain is not None else 0.0
-        if plain_s > 0 and rate > 0:
-            plain_rate = Metrics.from_steps(plain.steps).new_tokens / plain_s
+        plain_rate = tokens_per_second(Metrics.from_steps(plain.steps).new_tokens, _own_time(plain)) \
+            if plain is not None else 0.0
+        if plain_rate > 0 and rate > 0:
             stats.insert(3, ("speedup", f"{rate / plain_rate:.2f}×"))
     stop = trace.steps[-1].stop_reason or "–"
     body = lane_text_html(trace, key, frozenset(trace.settings.stop_ids))

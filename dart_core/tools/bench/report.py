@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...metrics import Metrics
+from ...metrics import Metrics, tokens_per_second
 from .methods import HF_GENERATE, PLAIN, is_hf
 from .prompts import ALL
 from .runs import Run, first_difference
@@ -85,7 +85,7 @@ class Cell:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        return tokens_per_second(self.tokens, self.seconds)
 
     def tau(self) -> float | None:
         if is_hf(self.method):
