@@ -20,7 +20,7 @@ from .tree import TokenTree
 
 def cache_argument(model) -> str:
     """The keyword a transformers model's forward takes its KV cache by: `cache` from transformers 5.2x (the pinned
-    version), `past_key_values` before (5.17 on the lent GPU machine's image), where an unknown `cache=` is
+    version), `past_key_values` before (5.17 on some GPU machines' images), where an unknown `cache=` is
     swallowed by **kwargs and the forward silently runs without a cache."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 

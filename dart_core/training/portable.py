@@ -1,5 +1,5 @@
-"""Training data as token ids, for a machine that has the target but not the data packages (a lent GPU machine
-reaches no registry, and its calls carry at most 64 MiB): `train-data export` writes, into one folder,
+"""Training data as token ids, for a machine that has the target but not the data packages (a GPU machine
+that reaches no registry and takes at most 64 MiB a run): `train-data export` writes, into one folder,
 
     heldout.jsonl      the fixed held-out set (`train --heldout-set fixed`) as records: `train --heldout-file`
     text.jsonl.gz      ShareGPT conversations as written and standard-library code, as records: `train --responses`
