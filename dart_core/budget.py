@@ -61,7 +61,7 @@ class AutoBudget:
     def __init__(self, curve: CostCurve, start: int, max_budget: int = MAX_BUDGET, remeasure=None,
                  rechoose_every: int = RECHOOSE_EVERY):
         """remeasure: a function that measures the cost curve again (None: a disagreeing curve is only scaled);
-        rechoose_every: verify steps between two choices (scripts/rechoose.py weighs it against one choice a run)."""
+        rechoose_every: verify steps between two choices (studies/rechoose.py weighs it against one choice a run)."""
         self.curve, self.start, self.max_budget = curve, int(start), int(max_budget)
         self.rechoose_every = int(rechoose_every)
         self.remeasure, self._ratios = remeasure, []

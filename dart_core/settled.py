@@ -9,7 +9,7 @@ and accepts at least its agreement with the target; it depends on the context al
 (its first L tokens) is read off one lookup of the longest.
 
 One place for it, read by the automatic budget (dart_core.budget, as the run goes), the forensics (from a trace),
-the app's what-if and scripts/tune_search.py:
+the app's what-if and studies/tune_search.py:
 - `Pool`: a step's candidates as the replays read them, with `accepted` / `accepted_by_length`;
 - `settled_steps(trace)`: the recorded steps that drafted, each with its context and the target's continuation
   (`SettledStep`); a step's own branch is `StepRecord.lookup_branch`;

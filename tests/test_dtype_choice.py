@@ -115,7 +115,7 @@ def test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster():
 def test_batched_work_measures_at_its_own_rows_and_caches_apart(tmp_path, monkeypatch, capable):
     """Training and batched generation compare the dtypes at BATCH_ROWS: a CPU without native bf16 can win at one
     row in bf16 (half the bytes) and lose many times over at a training sequence's rows (the AVX2 EPYC: 26 against
-    120 anchor tokens/s, docs/head-training.md)."""
+    120 anchor tokens/s, docs/training.md)."""
     from dart_core.kernels import BATCH_ROWS
     from dart_core.tools.train import _load
     from tests.train_fixtures import save_tiny_qwen3

@@ -13,7 +13,7 @@ the GPU supports it, else fp16. The bench's default dtype list is fp32, plus bf1
 
 Batched work (training the head, generating its training data) runs many rows per forward, where a CPU without
 native bf16 is slowest in bf16: `train` and `train-data` measure at `kernels.BATCH_ROWS` instead
-(docs/head-training.md).
+(docs/training.md).
 """
 
 from __future__ import annotations

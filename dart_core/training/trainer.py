@@ -230,7 +230,7 @@ def row_stats(logits: torch.Tensor, batch: dict) -> dict:
 
 
 LOSS_CHUNK_ROWS = 128  # rows of logits per pass: their float copy stays in cache (one pass over [A, R, Vd] is
-                       # memory-bound on these CPUs: 3x faster in chunks, measured in docs/head-training.md)
+                       # memory-bound on these CPUs: 3x faster in chunks, measured in docs/training.md)
 
 
 class SoftCrossEntropy(torch.autograd.Function):
