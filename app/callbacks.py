@@ -32,7 +32,7 @@ from dart_core.views.text_render import lane_html, lane_text_html, token_text
 
 from .engine import Engine, EngineError
 from .lanes import DONE, ERROR, STOPPED, Lane, lane_stats, lane_status_text, replay_lane, round_robin
-from .options import OptionError, check_knob, check_prompt, sampling_from, search_from
+from .options import TREE_KNOB_NAMES, OptionError, check_knob, check_prompt, sampling_from, search_from
 from .request import RunRequest
 from .session import Session, SessionStore, freed_text
 from .whatif import HOW_TEXT, is_greedy, what_if
@@ -42,8 +42,7 @@ log = logging.getLogger(__name__)
 LANE_OUTPUTS = {key: f"lane_{key}" for key in LANE_ORDER}
 STEP_OUTPUTS = ("step", "step_info", "tree", "table", "heatmap")
 CHART_OUTPUTS = ("chart_accept", "chart_position", "chart_time", "chart_cost", "chart_missed")
-WHATIF_KNOBS = ("node_budget", "beam_width", "topk", "ngram_weight", "level_exponent", "logit_decay")
-WHATIF_OUTPUTS = tuple(f"wi_{k}" for k in WHATIF_KNOBS)
+WHATIF_OUTPUTS = tuple(f"wi_{name}" for name in TREE_KNOB_NAMES)   # what-if's inputs: the tree knobs
 CHART_EVERY = 4          # refresh the run charts every this many steps of the viewed lane while generating
 MAX_TRACE_BYTES = 64 << 20
 NOTHING_TO_ANIMATE = "Run a prompt or upload a trace first: there is no run to animate yet."
@@ -201,7 +200,7 @@ class Callbacks:
         if search is None:
             return {}
         out = {}
-        for k in WHATIF_KNOBS:
+        for k in TREE_KNOB_NAMES:
             try:
                 out[f"wi_{k}"] = check_knob(k, getattr(search, k))
             except OptionError:
@@ -263,32 +262,36 @@ class Callbacks:
         return [lane.trace for lane in lanes]
 
     # ------------------------------------------------------------------ events
-    @session_event(tell=False)
-    def run(self, session: Session, request: RunRequest) -> Iterator[dict]:
-        """Generate with plain decoding and DART (and prompt lookup), interleaved step by step."""
+    def new_lanes(self, request: RunRequest) -> list[Lane]:
+        """The lanes of a run (plain decoding, DART, and prompt lookup if asked), ready to step; a DartError says
+        what is wrong with the request."""
         r = request
-        show_pruned = r.show_pruned
-        try:
-            if not self.engine.can_generate:
-                raise EngineError("Replay mode: no model is loaded, so nothing can be generated. "
-                                  "Upload a saved trace to explore it.")
-            prompt = check_prompt(r.prompt)
-            sampling = sampling_from(r.temperature, r.top_p, r.top_k, r.seed)
-            max_new = check_knob("max_new_tokens", r.max_new_tokens)
-            search = search_from(r.node_budget, r.beam_width, r.topk, r.ngram_weight, r.level_exponent,
-                                 r.logit_decay)
-            prompt_ids = self.engine.encode(prompt)
-            settings = DraftSettings(search, bool(r.auto_budget))
-        except DartError as exc:
-            yield {"state": session, **warn(str(exc))}
-            return
-        keys = [VANILLA, DART] + ([PLD] if r.use_pld else [])
+        if not self.engine.can_generate:
+            raise EngineError("Replay mode: no model is loaded, so nothing can be generated. "
+                              "Upload a saved trace to explore it.")
+        prompt = check_prompt(r.prompt)
+        sampling = sampling_from(r.temperature, r.top_p, r.top_k, r.seed)
+        max_new = check_knob("max_new_tokens", r.max_new_tokens)
+        prompt_ids = self.engine.encode(prompt)
+        settings = DraftSettings(search_from(r.knobs), bool(r.auto_budget))
         lanes = []
-        for key in keys:
+        for key in [VANILLA, DART] + ([PLD] if r.use_pld else []):
             method = self.engine.method_of(key, bool(r.lookup_branch))
             trace = self.engine.new_trace(method, prompt_ids, prompt, sampling, max_new, settings)
             steps = self.engine.steps(method, prompt_ids, sampling, max_new, settings)
             lanes.append(Lane(key, trace, steps, on_step=self.engine.name_step))
+        return lanes
+
+    @session_event(tell=False)
+    def run(self, session: Session, request: RunRequest) -> Iterator[dict]:
+        """Generate with plain decoding and DART (and prompt lookup), interleaved step by step."""
+        show_pruned = request.show_pruned
+        try:
+            lanes = self.new_lanes(request)
+        except DartError as exc:
+            yield {"state": session, **warn(str(exc))}
+            return
+        keys = [lane.key for lane in lanes]
         session.new_run(lanes)
         session.running = True
         stop = session.stop
@@ -425,16 +428,16 @@ class Callbacks:
         return out
 
     @session_event()
-    def what_if(self, session: Session, key, index, node_budget, beam_width, topk, ngram_weight,
-                level_exponent, logit_decay) -> dict:
-        """Rerun the search of the selected step with other knobs (and verify the new tree if a model is here)."""
+    def what_if(self, session: Session, key, index, knobs: dict) -> dict:
+        """Rerun the search of the selected step with other knobs (the tree knobs by name; the new tree is verified
+        if a model is here)."""
         lane = session.lane(key)
         if lane is None or not lane.trace.steps:
             return warn("Run a prompt or upload a trace first, then pick a DART step.")
         if lane.key != DART:
             return warn("What-if needs a DART step: pick the DART lane.")
         try:
-            cfg = search_from(node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay)
+            cfg = search_from(knobs)
             i = int(index)
             trace = lane.trace
             verifier = None

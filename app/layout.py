@@ -10,15 +10,16 @@ from pathlib import Path
 import gradio as gr
 
 from dart_core.methods import PLD
+from dart_core.tree_search import Knob
 from dart_core.views import figures
 from dart_core.views.animation import SPEEDS
 from dart_core.views.pruning import COLUMNS
 from dart_core.views.text_render import LEGEND_HTML
 
-from .callbacks import CHART_OUTPUTS, LANE_OUTPUTS, WHATIF_KNOBS, Callbacks
+from .callbacks import CHART_OUTPUTS, LANE_OUTPUTS, Callbacks
 from .engine import Engine
 from .explain import CHARTS_TAB, GLOSSARY_TAB, PRUNING_TAB, TREE_TAB, WHATIF_TAB, glossary_html, tour_html
-from .options import EXAMPLES, KNOBS, SAMPLING_KNOBS, TREE_KNOBS
+from .options import EXAMPLES, SAMPLING_KNOBS, TREE_KNOBS
 from .session import Session
 
 Components = dict[str, gr.components.Component]
@@ -54,15 +55,10 @@ draw();
 """
 
 
-def _slider(knob, prefix: str = "", **kw) -> gr.Slider:
+
+def _slider(knob: Knob, prefix: str = "", **kw) -> gr.Slider:
     return gr.Slider(knob.minimum, knob.maximum, value=knob.default, step=knob.step, label=knob.label,
-                     info=knob.info or None, elem_id=prefix + knob.name.replace("_", "-"), **kw)
-
-
-
-def _slider(knob, prefix: str = "", **kw) -> gr.Slider:
-    return gr.Slider(knob.minimum, knob.maximum, value=knob.default, step=knob.step, label=knob.label,
-                     info=knob.info or None, elem_id=prefix + knob.name.replace("_", "-"), **kw)
+                     info=knob.help or None, elem_id=prefix + knob.name.replace("_", "-"), **kw)
 
 
 def header(engine: Engine) -> Components:
@@ -183,8 +179,8 @@ def whatif_tab() -> Components:
                 "greedy trace still tells exactly what would be accepted.")
     c = {}
     with gr.Row():
-        for name in WHATIF_KNOBS:
-            c[f"wi_{name}"] = _slider(KNOBS[name], "wi-", min_width=160)
+        for knob in TREE_KNOBS:
+            c[f"wi_{knob.name}"] = _slider(knob, "wi-", min_width=160)
     c["wi_btn"] = gr.Button("Rerun the search of this step", elem_id="whatif-btn")
     c["wi_info"] = gr.HTML("", elem_id="whatif-info")
     c["wi_tree"] = gr.Plot(show_label=False, elem_id="whatif-plot")

@@ -1,47 +1,26 @@
-"""The user-facing knobs: their ranges (shared by the sliders and by validation) and the example prompts."""
+"""The user-facing knobs: their ranges (shared by the sliders and by validation) and the example prompts. The tree
+knobs are the search's own (dart_core.tree_search.search_knobs); only their defaults are the app's."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from dart_core.acceptance import SamplingConfig
 from dart_core.errors import DartError
 from dart_core.setup.defaults import default_search_config
-from dart_core.tree_search import SearchConfig
+from dart_core.tree_search import Knob, SearchConfig, search_knobs
 
 MAX_PROMPT_CHARS = 6000
 MAX_PROMPT_TOKENS = 1024
 
-
-@dataclass(frozen=True)
-class Knob:
-    name: str
-    label: str
-    minimum: float
-    maximum: float
-    default: float
-    step: float
-    integer: bool = False
-    info: str = ""
-
-
-_S = default_search_config("cpu")  # the app's knob defaults: the CPU sweep's winner
 SAMPLING_KNOBS = (
-    Knob("temperature", "Temperature", 0.0, 2.0, 0.0, 0.05, info="0 = greedy"),
+    Knob("temperature", "Temperature", 0.0, 2.0, 0.0, 0.05, help="0 = greedy"),
     Knob("top_p", "Top-p", 0.05, 1.0, 1.0, 0.05),
-    Knob("top_k", "Top-k", 0, 200, 0, 1, integer=True, info="0 = off"),
+    Knob("top_k", "Top-k", 0, 200, 0, 1, integer=True, help="0 = off"),
     Knob("max_new_tokens", "Max new tokens", 1, 512, 64, 1, integer=True),
     Knob("seed", "Seed", 0, 2**31 - 1, 0, 1, integer=True),
 )
-TREE_KNOBS = (
-    Knob("node_budget", "Node budget", 0, 256, _S.node_budget, 1, integer=True, info="draft nodes besides the root"),
-    Knob("beam_width", "Beam width", 1, 64, _S.beam_width, 1, integer=True),
-    Knob("topk", "Top-k per row", 1, 64, _S.topk, 1, integer=True, info="candidates per draft row"),
-    Knob("ngram_weight", "N-gram weight", 0.0, 2.0, _S.ngram_weight, 0.05),
-    Knob("level_exponent", "Level weight exponent", 0.0, 2.0, _S.level_exponent, 0.05,
-         info="level weight = (level+1)^-x"),
-    Knob("logit_decay", "Logit weight decay", 0.05, 1.0, _S.logit_decay, 0.05, info="logit weight = decay^level"),
-)
+# The tree knobs: SearchConfig's (its field metadata), at the CPU sweep's winning values.
+TREE_KNOBS = search_knobs(default_search_config("cpu"))
+TREE_KNOB_NAMES = tuple(k.name for k in TREE_KNOBS)
 KNOBS = {k.name: k for k in SAMPLING_KNOBS + TREE_KNOBS}
 
 EXAMPLES = (
@@ -83,13 +62,9 @@ def sampling_from(temperature, top_p, top_k, seed) -> SamplingConfig:
     return cfg.validate()
 
 
-def search_from(node_budget, beam_width, topk, ngram_weight, level_exponent, logit_decay) -> SearchConfig:
-    cfg = SearchConfig(topk=check_knob("topk", topk), beam_width=check_knob("beam_width", beam_width),
-                       node_budget=check_knob("node_budget", node_budget),
-                       level_exponent=check_knob("level_exponent", level_exponent),
-                       logit_decay=check_knob("logit_decay", logit_decay),
-                       ngram_weight=check_knob("ngram_weight", ngram_weight))
-    return cfg.validate()
+def search_from(values: dict) -> SearchConfig:
+    """The search knobs' values by name (every one of TREE_KNOBS), checked."""
+    return SearchConfig(**{name: check_knob(name, values.get(name)) for name in TREE_KNOB_NAMES}).validate()
 
 
 def check_prompt(text) -> str:

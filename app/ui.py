@@ -15,12 +15,14 @@ import gradio as gr
 from dart_core.trace import Trace
 from dart_core.views.text_render import lane_css
 
-from .callbacks import (CHART_OUTPUTS, LANE_OUTPUTS, MAX_TRACE_BYTES, STEP_OUTPUTS, WHATIF_KNOBS, WHATIF_OUTPUTS,
-                        Callbacks, message_html)
+from .api import run_api
+from .callbacks import (CHART_OUTPUTS, LANE_OUTPUTS, MAX_TRACE_BYTES, STEP_OUTPUTS, WHATIF_OUTPUTS, Callbacks,
+                        message_html)
 from .engine import Engine
 from .health import health
 from .lanes import replay_lane
 from .layout import Components, page
+from .options import TREE_KNOB_NAMES
 from .request import RUN_FIELDS, RunRequest
 from .session import SessionStore
 
@@ -31,6 +33,8 @@ CSS_PATH = Path(__file__).with_name("style.css")
 OUTPUT_NAMES = ("state", "message", *LANE_OUTPUTS.values(), "summary", "lane", *STEP_OUTPUTS, "follow", *CHART_OUTPUTS,
                 "downloads", "run_btn", "prompt", *WHATIF_OUTPUTS, "wi_tree", "wi_info")
 MODEL_EVENTS = "model"  # one concurrency group for everything that drives the model
+# The page's own events answer with the page's components (HTML, figures) and act on its session: callable (the soak
+# drives `/page_run` as a visitor would) but left out of the API's docs, where `/run` (app.api) and `/health` are.
 HIDDEN = {"api_visibility": "undocumented"}
 
 
@@ -45,7 +49,7 @@ def launch_kwargs(sessions: SessionStore) -> dict:
 
 
 def run_inputs(c: Components) -> list:
-    """The Run button's inputs: the session, then the request's fields in RUN_FIELDS order (the `/run` API's too)."""
+    """The Run button's inputs: the session, then the request's fields in RUN_FIELDS order."""
     return [c["state"], *(c[name] for name in RUN_FIELDS)]
 
 
@@ -113,19 +117,19 @@ def wire_run(cb: Callbacks, bind: Binder) -> None:
 
     def run(session, *values):
         """The page's Run: the request's fields as the page sends them, in RUN_FIELDS order."""
-        yield from cb.run(session, RunRequest(*values))
+        yield from cb.run(session, RunRequest.from_values(*values))
 
     run = bind(run, OUTPUT_NAMES)
     # One model, one run at a time across all sessions: the others wait in the queue, their place and the wait
     # shown on the lanes ("minimal" keeps that text in the page but does not show it).
     model_event = {"concurrency_limit": 1, "concurrency_id": MODEL_EVENTS, "show_progress": "full",
                    "show_progress_on": [c["lane_vanilla"], c["lane_dart"]]}
-    run_evt = c["run_btn"].click(run, run_inputs(c), all_out, api_name="run", **model_event)
-    submit_evt = c["prompt"].submit(run, run_inputs(c), all_out, **model_event, **HIDDEN)
+    run_evt = c["run_btn"].click(run, run_inputs(c), all_out, api_name="page_run", **model_event, **HIDDEN)
+    submit_evt = c["prompt"].submit(run, run_inputs(c), all_out, api_name="page_submit", **model_event, **HIDDEN)
     c["stop_btn"].click(bind(cb.stop, OUTPUT_NAMES), [c["state"], c["show_pruned"]], all_out,
-                        cancels=[run_evt, submit_evt], api_name="stop")
+                        cancels=[run_evt, submit_evt], api_name="stop", **HIDDEN)
     c["clear_btn"].click(bind(cb.clear, OUTPUT_NAMES), [c["state"]], all_out, cancels=[run_evt, submit_evt],
-                         api_name="clear")
+                         api_name="clear", **HIDDEN)
     c["example"].input(lambda text: text or gr.skip(), [c["example"]], [c["prompt"]], **HIDDEN)
 
 
@@ -137,7 +141,7 @@ def wire_steps(cb: Callbacks, bind: Binder) -> None:
     view_in = [c["state"], c["lane"], c["step"], c["show_pruned"]]
     # .input: user changes only (drag or typed number), not the run's own updates; drags coalesce.
     c["step"].input(bind(cb.pick_step, step_names), view_in, step_out, trigger_mode="always_last",
-                    show_progress="hidden", api_name="pick_step")
+                    show_progress="hidden", api_name="pick_step", **HIDDEN)
     c["prev_btn"].click(bind(functools.partial(_move, cb, -1), step_names), view_in, step_out, **HIDDEN)
     c["next_btn"].click(bind(functools.partial(_move, cb, 1), step_names), view_in, step_out, **HIDDEN)
     c["show_pruned"].change(bind(cb.show_step, step_names), view_in, step_out, **HIDDEN)
@@ -161,15 +165,16 @@ def wire_files_and_views(cb: Callbacks, bind: Binder) -> None:
     c["upload"].upload(bind(cb.upload, OUTPUT_NAMES), [c["state"], c["upload"], c["show_pruned"]],
                        bind.outputs(OUTPUT_NAMES), **HIDDEN)
     c["export_btn"].click(bind(cb.export_html, ["export", "message"]), [c["state"]], [c["export"], c["message"]],
-                          api_name="export_html")
+                          api_name="export_html", **HIDDEN)
     anim_names = ["animation", "message"]
     c["anim_btn"].click(bind(_as_json(cb.animate_step), anim_names), [*view_in, c["anim_speed"]],
-                        bind.outputs(anim_names), api_name="animate_step")
+                        bind.outputs(anim_names), api_name="animate_step", **HIDDEN)
     c["autoplay_btn"].click(bind(_as_json(cb.autoplay_run), anim_names), [c["state"], c["lane"], c["anim_speed"]],
-                            bind.outputs(anim_names), api_name="autoplay_run")
+                            bind.outputs(anim_names), api_name="autoplay_run", **HIDDEN)
     wi_names = ["wi_tree", "wi_info", "message"]
-    c["wi_btn"].click(bind(cb.what_if, wi_names), [*view_in, *(c[f"wi_{k}"] for k in WHATIF_KNOBS)],
-                      bind.outputs(wi_names), concurrency_limit=1, concurrency_id=MODEL_EVENTS, api_name="what_if")
+    c["wi_btn"].click(bind(functools.partial(_what_if, cb), wi_names), [*view_in, *(c[k] for k in WHATIF_OUTPUTS)],
+                      bind.outputs(wi_names), concurrency_limit=1, concurrency_id=MODEL_EVENTS, api_name="what_if",
+                      **HIDDEN)
 
 
 def wire_page(cb: Callbacks, bind: Binder, demo: gr.Blocks, preload: list[Trace] | None) -> None:
@@ -197,6 +202,7 @@ def wire_page(cb: Callbacks, bind: Binder, demo: gr.Blocks, preload: list[Trace]
     demo.load(bind(start, OUTPUT_NAMES), [c["show_pruned"]], bind.outputs(OUTPUT_NAMES), **HIDDEN)
     demo.unload(page_closed)
     gr.api(app_health, api_name="health", queue=False)
+    gr.api(run_api(cb), api_name="run", concurrency_limit=1, concurrency_id=MODEL_EVENTS)
     demo.load(show_tour, [c["tour_seen"]], [c["tour"]], **HIDDEN)
     c["tour_ok"].click(dismiss_tour, None, [c["tour_seen"], c["tour"]], **HIDDEN)
     c["tour_again"].click(lambda: gr.update(visible=True), None, [c["tour"]], **HIDDEN)
@@ -218,6 +224,11 @@ def _as_json(fn):
         out = fn(*args)
         return {**out, "animation": out["animation"].to_json()}
     return call
+
+
+def _what_if(cb: Callbacks, session, key, index, *knob_values):
+    """What-if's inputs: the lane, the step, then the tree knobs in TREE_KNOB_NAMES order."""
+    return cb.what_if(session, key, index, dict(zip(TREE_KNOB_NAMES, knob_values)))
 
 
 def _move(cb: Callbacks, delta: int, session, key, index, show_pruned):

@@ -11,7 +11,7 @@ Every candidate considered is recorded with its score parts and its fate, for th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -30,14 +30,42 @@ _FATE_CODE, _BEAM_CODE = ({name: i for i, name in enumerate(names)} for names in
 _FATE_NAMES, _BEAM_NAMES = (np.asarray(names, dtype=object) for names in (FATES, BEAM_STATES))
 
 
+@dataclass(frozen=True)
+class Knob:
+    """A setting as a user meets it: its label and help, the range the app's slider offers (the engine's own limits
+    are `SearchConfig.validate`'s), and its command-line option. The search knobs are made from SearchConfig's field
+    metadata (`search_knobs`), the one list the CLI's options, the app's sliders and what-if's inputs come from."""
+    name: str
+    label: str
+    minimum: float
+    maximum: float
+    default: float
+    step: float
+    integer: bool = False
+    help: str = ""
+    flag: str = ""               # the command line's option ("" where it has none)
+
+
+def _knob(label: str, help: str, span: tuple[float, float, float], flag: str) -> dict:
+    """A SearchConfig field's metadata: it is a knob users set; span: the slider's (minimum, maximum, step)."""
+    return {"knob": {"label": label, "help": help, "span": span, "flag": flag}}
+
+
 @dataclass
 class SearchConfig:
-    topk: int = 25                # candidates per logit row
-    beam_width: int = 20          # sequences extended per level
-    node_budget: int = 60         # tree nodes besides the root
-    level_exponent: float = 0.7   # level weight (l+1)^-level_exponent
-    logit_decay: float = 0.9      # logit weight logit_decay^l
-    ngram_weight: float = 0.5     # weight of ln p_ngram
+    """The tree search's knobs, in the order users meet them; each user-facing one says how (its `_knob`)."""
+    node_budget: int = field(default=60, metadata=_knob("Node budget", "draft tree nodes besides the root",
+                                                        (0, 256, 1), "--node-budget"))
+    beam_width: int = field(default=20, metadata=_knob("Beam width", "sequences extended per level", (1, 64, 1),
+                                                       "--beam-width"))
+    topk: int = field(default=25, metadata=_knob("Top-k per row", "candidates per draft row", (1, 64, 1),
+                                                 "--topk-per-row"))
+    ngram_weight: float = field(default=0.5, metadata=_knob("N-gram weight", "weight of ln p_ngram in a score",
+                                                            (0.0, 2.0, 0.05), "--ngram-weight"))
+    level_exponent: float = field(default=0.7, metadata=_knob("Level weight exponent", "level weight = (level+1)^-x",
+                                                              (0.0, 2.0, 0.05), "--level-exponent"))
+    logit_decay: float = field(default=0.9, metadata=_knob("Logit weight decay", "logit weight = decay^level",
+                                                           (0.05, 1.0, 0.05), "--logit-decay"))
     ngram_first_level: bool = False  # the reference scores level 0 by the draft alone
     eps: float = 1e-10            # floor inside the logs: an unseen n-gram costs ngram_weight * ln(eps)
 
@@ -69,6 +97,19 @@ class SearchConfig:
     def from_dict(cls, data: dict) -> "SearchConfig":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def search_knobs(defaults: SearchConfig | None = None) -> tuple[Knob, ...]:
+    """The search knobs users set, in SearchConfig's order, with `defaults`' values (SearchConfig()'s by default)."""
+    defaults = defaults or SearchConfig()
+    knobs = []
+    for f in fields(SearchConfig):
+        if "knob" in f.metadata:
+            meta = f.metadata["knob"]
+            minimum, maximum, step = meta["span"]
+            knobs.append(Knob(f.name, meta["label"], minimum, maximum, getattr(defaults, f.name), step,
+                              integer=isinstance(f.default, int), help=meta["help"], flag=meta["flag"]))
+    return tuple(knobs)
 
 
 @dataclass

@@ -48,9 +48,9 @@ def one_visitor(client, prompt: str, max_new_tokens: int) -> str:
     """A new session (the client's session is reset) runs one prompt to its end and leaves; returns "" or what went
     wrong."""
     client.reset_session()
-    request = RunRequest(prompt, **{**RUN_DEFAULTS, "max_new_tokens": max_new_tokens})
-    try:
-        out = client.predict(*request.values(), api_name="/run")
+    request = RunRequest.named(prompt, **{**RUN_DEFAULTS, "max_new_tokens": max_new_tokens})
+    try:   # the page's own Run (a visitor's session and all it shows), not the JSON API
+        out = client.predict(*request.values(), api_name="/page_run")
     except Exception as exc:  # noqa: BLE001 - a failed visitor is counted, not fatal
         return f"{type(exc).__name__}: {exc}"
     lanes = [v for v in out if isinstance(v, str) and 'class="lane' in v]

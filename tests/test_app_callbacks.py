@@ -29,7 +29,13 @@ DEFAULTS = dict(use_pld=False, temperature=0.0, top_p=1.0, top_k=0, max_new_toke
 
 
 def run_request(prompt="abc", **over) -> RunRequest:
-    return RunRequest(prompt, **dict(DEFAULTS, **over))
+    return RunRequest.named(prompt, **dict(DEFAULTS, **over))
+
+
+def knobs(node_budget, beam_width, topk, ngram_weight=0.5, level_exponent=0.7, logit_decay=0.9) -> dict:
+    """What-if's tree knobs by name."""
+    return dict(node_budget=node_budget, beam_width=beam_width, topk=topk, ngram_weight=ngram_weight,
+                level_exponent=level_exponent, logit_decay=logit_decay)
 
 
 @pytest.fixture(scope="module")
@@ -287,15 +293,15 @@ def test_what_if_callback_without_model(tmp_path):
     cb = Callbacks(Engine(replay_ngram=hand_ngram()), tmp_path)
     session = Session()
     session.new_run([replay_lane(hand_trace())])
-    out = cb.what_if(session, "dart", 1, 1, 2, 3, 0.5, 0.7, 0.9)
+    out = cb.what_if(session, "dart", 1, knobs(1, 2, 3))
     assert out["wi_tree"].layout.title.text.startswith("What-if on step 1: 1 draft nodes, 1 accepted")
     assert "Recorded</b>: 5 nodes, 2 accepted" in out["wi_info"] and "greedy" in out["wi_info"]
     with pytest.warns(UserWarning, match="no draft rows"):
-        assert "no draft rows" in cb.what_if(session, "dart", 0, 5, 2, 3, 0.5, 0.7, 0.9)["message"]
+        assert "no draft rows" in cb.what_if(session, "dart", 0, knobs(5, 2, 3))["message"]
     with pytest.warns(UserWarning, match="Node budget must be"):
-        cb.what_if(session, "dart", 1, -3, 2, 3, 0.5, 0.7, 0.9)
+        cb.what_if(session, "dart", 1, knobs(-3, 2, 3))
     with pytest.warns(UserWarning, match="Run a prompt"):
-        cb.what_if(Session(), "dart", 1, 5, 2, 3, 0.5, 0.7, 0.9)
+        cb.what_if(Session(), "dart", 1, knobs(5, 2, 3))
 
 
 def test_animate_and_autoplay_callbacks(tmp_path):
@@ -324,10 +330,10 @@ def test_the_animation_buttons_send_the_figure_with_its_frames(tmp_path):
 
 
 def test_the_run_api_takes_the_request_fields_in_their_order(engine, tmp_path):
-    """The page's Run inputs (and so the /run API that scripts/soak.py calls) follow RunRequest's fields, and the
-    page's values reach the run as the named fields."""
+    """The page's Run inputs (and so the /page_run endpoint that scripts/soak.py calls) follow RunRequest's fields,
+    and the page's values reach the run as the named fields."""
     from app.ui import build_app
-    run = next(f for f in build_app(engine, trace_dir=tmp_path).fns.values() if f.api_name == "run")
+    run = next(f for f in build_app(engine, trace_dir=tmp_path).fns.values() if f.api_name == "page_run")
     assert [c.elem_id for c in run.inputs[1:]] == [name.replace("_", "-") for name in RUN_FIELDS]
     request = run_request("named", max_new_tokens=3, use_pld=True)
     updates = list(run.fn(Session(), *request.values()))
@@ -350,10 +356,10 @@ def test_what_if_verified_by_the_model_matches_the_greedy_replay(cb):
             assert verified.path == replayed.path
             if replayed.bonus is not None:
                 assert verified.bonus == replayed.bonus
-    out = cb.what_if(session, "dart", 1, 3, 4, 6, 0.5, 0.7, 0.9)
+    out = cb.what_if(session, "dart", 1, knobs(3, 4, 6))
     assert "verified with one target forward" in out["wi_info"]
     with pytest.warns(UserWarning, match="needs a DART step"):
-        cb.what_if(session, "vanilla", 1, 3, 4, 6, 0.5, 0.7, 0.9)
+        cb.what_if(session, "vanilla", 1, knobs(3, 4, 6))
 
 
 def test_clear_resets_the_session(cb):
@@ -383,7 +389,7 @@ def test_app_wiring_queue_cancels_and_no_tracebacks(tmp_path):
     from app.ui import build_app
     demo = build_app(Engine.replay_only(None), trace_dir=tmp_path)
     fns = {f.api_name: f for f in demo.fns.values()}
-    run, stop, clear, what = fns["run"], fns["stop"], fns["clear"], fns["what_if"]
+    run, stop, clear, what = fns["page_run"], fns["stop"], fns["clear"], fns["what_if"]
     # Everything that drives the model shares one queue slot across all sessions.
     for f in (run, what):
         assert f.concurrency_limit == 1 and f.concurrency_id == "model"
@@ -442,3 +448,35 @@ def test_an_automatic_budget_runs_and_draws_the_cost_on_this_machine(engine, tmp
     assert "tokens per step expected" in cb.step_view(session, "dart", drafted[-1])["step_info"]
     for i in plain[:1]:   # the random head does not pay on most machines: plain decoding, said plainly
         assert "plain decoding: no tree pays" in cb.step_view(session, "dart", i)["step_info"]
+
+
+def test_the_tree_knobs_are_search_configs_own(tmp_path):
+    """One list of knobs: SearchConfig's field metadata makes the command line's options, the page's tree sliders and
+    what-if's inputs (labels, ranges, defaults), and each reads back into the SearchConfig it names."""
+    from app.ui import build_app
+    from dart_core.tools.args import Parser, add_search_args, search_config_from
+    from dart_core.tree_search import search_knobs
+
+    registry = search_knobs()
+    names = [k.name for k in registry]
+    assert names == ["node_budget", "beam_width", "topk", "ngram_weight", "level_exponent", "logit_decay"]
+    demo = build_app(Engine.replay_only(None), trace_dir=tmp_path)
+    sliders = {b.elem_id: b for b in demo.blocks.values() if isinstance(b, gr.Slider)}
+    for knob in registry:
+        for elem_id in (knob.name.replace("_", "-"), "wi-" + knob.name.replace("_", "-")):   # Run's and what-if's
+            slider = sliders[elem_id]
+            assert (slider.label, slider.minimum, slider.maximum, slider.step) == \
+                (knob.label, knob.minimum, knob.maximum, knob.step)
+            assert slider.info == knob.help
+    what = next(f for f in demo.fns.values() if f.api_name == "what_if")
+    assert [c.elem_id for c in what.inputs[3:]] == ["wi-" + n.replace("_", "-") for n in names]
+
+    parser = Parser()
+    add_search_args(parser)
+    flags = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+    assert all(knob.flag in flags and flags[knob.flag].help.startswith(knob.help) for knob in registry)
+    values = {"node_budget": 7, "beam_width": 3, "topk": 5, "ngram_weight": 0.25, "level_exponent": 1.5,
+              "logit_decay": 0.5}
+    argv = [str(x) for knob in registry for x in (knob.flag, values[knob.name])]
+    assert search_config_from(parser.parse_args(argv)) == SearchConfig(**values)
+    assert search_config_from(parser.parse_args([])) == SearchConfig(node_budget=8)   # 'auto' starts at 8 on CPU

@@ -9,7 +9,7 @@ from ..errors import DartError
 from ..methods import METHODS
 from ..setup.defaults import default_search_config
 from ..setup.hub import HUB_ENV, PRESETS, allow_hub, expand_preset
-from ..tree_search import SearchConfig
+from ..tree_search import SearchConfig, search_knobs
 
 DTYPE_CHOICES = ["auto", "fast", "fp32", "bf16", "fp16", "float32", "bfloat16", "float16"]
 DRAFT_INT8_HELP = ("DART drafts with an int8 copy of its head: 'auto' (the default) where that measures faster on this "
@@ -73,23 +73,28 @@ def add_method_arg(p: argparse.ArgumentParser) -> None:
                    help="dart_pld: DART's tree plus prompt lookup's continuation as one more branch")
 
 
+NODE_BUDGET_HELP = ("or 'auto' (the default): chosen as the run goes for the most tokens per second on this machine's "
+                    "measured verify cost, starting from 8 on CPU (60 elsewhere)")
+
+
 def add_search_args(p: argparse.ArgumentParser) -> None:
-    d = SearchConfig()
+    """An option per search knob (tree_search.search_knobs), then the n-gram context weight and the lookup branch."""
     g = p.add_argument_group("tree search knobs")
-    g.add_argument("--node-budget", default="auto",
-                   help="draft tree nodes besides the root, or 'auto' (the default): chosen as the run goes for the "
-                        "most tokens per second on this machine's measured verify cost, starting from 8 on CPU "
-                        "(60 elsewhere)")
-    g.add_argument("--beam-width", type=int, default=d.beam_width)
-    g.add_argument("--topk-per-row", type=int, default=d.topk, help="candidates per draft row")
-    g.add_argument("--ngram-weight", type=float, default=d.ngram_weight)
-    g.add_argument("--level-exponent", type=float, default=d.level_exponent, help="level weight (l+1)^-x")
-    g.add_argument("--logit-decay", type=float, default=d.logit_decay, help="logit weight decay^l")
+    for knob in search_knobs():
+        if knob.name == "node_budget":   # a number or 'auto'
+            g.add_argument(knob.flag, default="auto", help=f"{knob.help}, {NODE_BUDGET_HELP}")
+        else:
+            g.add_argument(knob.flag, type=int if knob.integer else float, default=knob.default, help=knob.help)
     g.add_argument("--ngram-context-weight", type=float, default=0.0,
                    help="also count the prompt's and output's own n-grams, with this weight (0 = static table only)")
     g.add_argument("--lookup-tokens", type=int, default=None,
                    help="dart_pld: tokens in the prompt-lookup branch added to DART's tree (default: with --node-budget "
                         "auto, chosen with the budget as the run goes, 0-10; with a fixed budget, 5)")
+
+
+def _dest(knob) -> str:
+    """Where argparse keeps a knob's option (--topk-per-row: args.topk_per_row)."""
+    return knob.flag.removeprefix("--").replace("-", "_")
 
 
 def search_config_from(args) -> SearchConfig:
@@ -104,9 +109,8 @@ def search_config_from(args) -> SearchConfig:
             budget = int(budget)
         except ValueError:
             raise CliError(f"--node-budget takes a number or 'auto', got {args.node_budget!r}") from None
-    return SearchConfig(topk=args.topk_per_row, beam_width=args.beam_width, node_budget=budget,
-                        level_exponent=args.level_exponent, logit_decay=args.logit_decay,
-                        ngram_weight=args.ngram_weight).validate()
+    knobs = {knob.name: getattr(args, _dest(knob)) for knob in search_knobs() if knob.name != "node_budget"}
+    return SearchConfig(node_budget=budget, **knobs).validate()
 
 
 def auto_budget_from(args) -> bool:
