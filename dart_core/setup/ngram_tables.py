@@ -17,7 +17,6 @@ counts, are kept whole), which shrinks the file a lot at a small cost in hits.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,6 +27,7 @@ import numpy as np
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
+from ..jsonl import JsonLines
 from ..ngram import NGramError, NGramModel
 from .chat import chat_text
 from .datasets import iter_sharegpt
@@ -143,28 +143,22 @@ def read_generated(path: Path, limit: int | None = None) -> tuple[list[list[dict
     """Records of a generated-text jsonl: a chat ([user, assistant] turns) when the line has a `prompt`, else
     the bare `text`. Returns (records, skipped reasons)."""
     records: list[list[dict] | str] = []
-    skipped: list[str] = []
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for n, line in enumerate(fh, start=1):
-            if limit is not None and len(records) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                skipped.append(f"line {n}: not JSON")
-                continue
-            text = rec.get("text") if isinstance(rec, dict) else None
-            if not isinstance(text, str) or not text.strip():
-                skipped.append(f"line {n}: no non-empty string field 'text'")
-                continue
-            prompt = rec.get("prompt")
-            if isinstance(prompt, str) and prompt.strip():
-                records.append([{"role": "user", "content": prompt}, {"role": "assistant", "content": text}])
-            else:
-                records.append(text)
-    return records, skipped
+    skipped: list[tuple[int, str]] = []     # (line, why), told in line order
+    lines = JsonLines(path)
+    for n, rec in lines:
+        if limit is not None and len(records) >= limit:
+            break
+        text = rec.get("text") if isinstance(rec, dict) else None
+        if not isinstance(text, str) or not text.strip():
+            skipped.append((n, f"line {n}: no non-empty string field 'text'"))
+            continue
+        prompt = rec.get("prompt")
+        if isinstance(prompt, str) and prompt.strip():
+            records.append([{"role": "user", "content": prompt}, {"role": "assistant", "content": text}])
+        else:
+            records.append(text)
+    skipped += [(n, f"line {n}: not JSON") for n in lines.bad_lines]
+    return records, [reason for _, reason in sorted(skipped)]
 
 
 def render(tokenizer, record: list[dict] | str) -> str:

@@ -25,14 +25,15 @@ from transformers import AutoTokenizer
 
 from ..draft_head import DraftHeadError
 from ..head_formats import authors_compatible, load_head
+from ..jsonl import read_jsonl
 from ..kernels import BATCH_ROWS
 from ..setup.loading import load_ngram, load_target, stop_ids
 from ..setup.models import resolve_model_path
 from ..training import distributed
 from ..training import portable
 from ..training.chats import TrainingDataError, chat_file_records, read_chats
-from ..training.data import (ExampleStream, fixed_heldout, generate_responses, read_jsonl, same_source,
-                             sharegpt_sequences, stdlib_code_sequences)
+from ..training.data import (ExampleStream, fixed_heldout, generate_responses, same_source, sharegpt_sequences,
+                             stdlib_code_sequences)
 from ..training.trainer import FORMATS, Trainer, TrainConfig
 from .args import BATCH_DTYPE_HELP, DTYPE_CHOICES, THINKING_HELP, CliError, add_model_args
 

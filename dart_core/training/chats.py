@@ -4,17 +4,18 @@ Two shapes are read, the common one and ShareGPT's:
     {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}
     {"conversations": [{"from": "system" | "human" | "gpt", "value": "..."}, ...]}
 Every assistant turn after at least one other turn becomes one training record: the conversation so far as the
-prompt (in the target's chat template), that reply as the response. A line the trainer cannot use (not JSON, no
+prompt (in the target's chat template), that reply as the response. A conversation the trainer cannot use (no
 turns, an unknown role, content that is not text, no assistant reply) stops the run with one line naming the file
-and the line: training on half of a file by mistake costs hours.
+and the line: training on half of a file by mistake costs hours. A line that is not JSON at all is skipped and named
+in a warning, as in every JSON Lines file (dart_core.jsonl says why); a file with no conversation left stops the run.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import DartError
+from ..jsonl import JsonLines, warn_skipped
 from .data import turns_record
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "human": "user", "gpt": "assistant"}
@@ -29,21 +30,16 @@ def read_chats(path) -> list[list[dict]]:
     p = Path(path)
     if not p.is_file():
         raise TrainingDataError(f"--chats {p}: no such file")
-    conversations = []
-    with open(p, encoding="utf-8", errors="replace") as fh:
-        for number, line in enumerate(fh, start=1):
-            if line.strip():
-                conversations.append(_conversation(line, f"{p}:{number}"))
+    lines = JsonLines(p)
+    conversations = [_conversation(data, f"{p}:{number}") for number, data in lines]
+    warn_skipped(lines)
     if not conversations:
-        raise TrainingDataError(f"--chats {p}: no conversations in the file")
+        not_json = f" ({len(lines.bad_lines)} line(s) not JSON)" if lines.bad_lines else ""
+        raise TrainingDataError(f"--chats {p}: no conversations in the file{not_json}")
     return conversations
 
 
-def _conversation(line: str, where: str) -> list[dict]:
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise TrainingDataError(f"{where}: not JSON ({exc.msg})") from None
+def _conversation(data, where: str) -> list[dict]:
     if not isinstance(data, dict):
         raise TrainingDataError(f"{where}: a JSON object with 'messages' or 'conversations' expected")
     if isinstance(data.get("messages"), list):

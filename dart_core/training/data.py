@@ -19,7 +19,6 @@ say, not what ShareGPT said.
 from __future__ import annotations
 
 import ast
-import gzip
 import hashlib
 import json
 import os
@@ -35,6 +34,7 @@ import torch
 from tqdm import tqdm
 
 from ..decoding import cut_at_stop
+from ..jsonl import append_jsonl, read_jsonl
 from ..setup.chat import chat_ids
 from ..setup.datasets import CODE_COMPLETION_PROMPT, iter_sharegpt
 from ..target import TargetModel
@@ -165,30 +165,6 @@ def stdlib_code_sequences(tokenizer, limit: int, max_tokens: int, seed: int = 2,
     return out[:limit]
 
 
-def read_jsonl(path) -> list[dict]:
-    """The records of a jsonl file (gzipped where its name ends in .gz), up to a line cut by an interruption."""
-    p = Path(path)
-    if not p.is_file():
-        return []
-    text = gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else p.read_text()
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line cut by an interruption: everything before it is good
-    return out
-
-
-def write_jsonl(path, records) -> None:
-    """Records one per line, gzipped where the name ends in .gz (token ids: about 2 bytes each so), written whole."""
-    text = "".join(json.dumps(r) + "\n" for r in records)
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_bytes(gzip.compress(text.encode(), mtime=0) if p.suffix == ".gz" else text.encode())
-    tmp.replace(p)
-
-
 @torch.inference_mode()
 def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size: int = 32,
                        max_new_tokens: int = 256, max_prompt_tokens: int = 192, stop_ids=(), seed: int = 0,
@@ -201,7 +177,7 @@ def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size
     long (0: no limit); the batch running then is cut there, its answers kept as far as they got (the target's own
     greedy tokens all the same)."""
     deadline = time.monotonic() + seconds if seconds else float("inf")
-    done = {r["id"] for r in read_jsonl(out_path)}
+    done = {r["id"] for r in read_jsonl(out_path)} if Path(out_path).is_file() else set()
     if prompts is None:
         prompts = sharegpt_prompts(tokenizer, skip + limit, max_prompt_tokens, seed)
     prompts = prompts[skip: skip + limit]
@@ -213,7 +189,7 @@ def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     written = 0
     bar = tqdm(total=len(todo), desc="generating responses", unit="prompt")
-    with open(out_path, "a") as fh:
+    with append_jsonl(out_path) as fh:     # a record cut by an earlier stop is dropped: it is answered again
         for start in range(0, len(todo), batch_size):
             batch = todo[start: start + batch_size]
             width = max(len(ids) for _, ids in batch)

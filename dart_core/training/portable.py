@@ -18,8 +18,8 @@ import json
 import platform
 from pathlib import Path
 
-from .data import (fixed_heldout, read_jsonl, same_source, sharegpt_prompts, sharegpt_sequences,
-                   stdlib_code_sequences, write_jsonl)
+from ..jsonl import JsonLines, warn_skipped, write_jsonl
+from .data import fixed_heldout, same_source, sharegpt_prompts, sharegpt_sequences, stdlib_code_sequences
 
 HELDOUT, TEXT, PROMPTS, MANIFEST = "heldout.jsonl", "text.jsonl.gz", "prompts.jsonl.gz", "export.json"
 
@@ -62,15 +62,17 @@ def read_records(path, vocab_size: int, need_response: bool = True) -> list[dict
     p = Path(path)
     if not p.is_file():
         raise PortableDataError(f"{p}: no such file")
-    records = read_jsonl(p)
-    if not records:
+    lines = JsonLines(p)
+    numbered = list(lines)
+    warn_skipped(lines)
+    if not numbered:
         raise PortableDataError(f"{p}: no records")
     fields = ("prompt_ids", "response_ids") if need_response else ("prompt_ids",)
-    for n, r in enumerate(records, 1):
+    for n, r in numbered:
         if not isinstance(r, dict) or "id" not in r or any(not isinstance(r.get(f), list) for f in fields):
             raise PortableDataError(f"{p}:{n}: a record needs an id and the lists {', '.join(fields)}")
         ids = [i for f in fields for i in r[f]]
         if any(not isinstance(i, int) or not 0 <= i < vocab_size for i in ids):
             raise PortableDataError(f"{p}:{n}: token ids outside the target's vocabulary of {vocab_size} "
                                     "(a file made with another tokenizer?)")
-    return records
+    return [r for _, r in numbered]

@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from ...jsonl import JsonLines, append_jsonl
 from ...metrics import Metrics
 from ..args import CliError
 from .prompts import BenchPrompt, ident_tuple, prompt_ident, skip_prompt
@@ -57,7 +58,7 @@ class RunsFile:
         self.path, self.runs, self.skips = Path(path), [], []
         if not (resume and self.path.is_file() and self._read(settings)):
             self._start(settings, resume)
-        self.fh = open(self.path, "a", encoding="utf-8")
+        self.fh = append_jsonl(self.path)      # a record cut by a kill is dropped: its run is redone
 
     def _start(self, settings: dict, resume: bool) -> None:
         if self.path.exists() and not resume:
@@ -68,28 +69,25 @@ class RunsFile:
 
     def _read(self, settings: dict) -> bool:
         """Load the records of an earlier session; False when the file holds none (start afresh)."""
-        text = self.path.read_text(encoding="utf-8", errors="replace")
-        good, bad = [], 0
-        for line in filter(str.strip, text.split("\n")):
-            try:
-                good.append((line, json.loads(line)))
-            except json.JSONDecodeError:
-                bad += 1              # the last line of a killed run, cut short
+        lines = JsonLines(self.path)
+        good = lines.values()
         if not good:
             return False
-        header = good[0][1]
+        header = good[0]
         if not isinstance(header, dict) or header.get("format") != RUNS_FORMAT:
             raise CliError(f"cannot resume {self.path}: not a bench runs file ({RUNS_FORMAT})")
         check_settings(header.get("settings", {}), settings, self.path)
-        for _, rec in good[1:]:
+        for rec in good[1:]:
+            if not isinstance(rec, dict):
+                continue
             if "run" in rec:
                 self.runs.append(rec["run"])
             elif "skip" in rec:
                 self.skips.append(rec)
-        if bad or not text.endswith("\n"):
-            # drop the cut line, so that the next record starts on a line of its own
-            print(f"[bench] {self.path}: ignored {bad} unreadable line(s); that run is redone", file=sys.stderr)
-            _write_atomic(self.path, [line for line, _ in good])
+        if lines.bad_lines:          # the last line of a killed run, cut short: kept out of the file from now on
+            print(f"[bench] {self.path}: ignored {len(lines.bad_lines)} unreadable line(s) (line "
+                  f"{', '.join(map(str, lines.bad_lines))}); that run is redone", file=sys.stderr)
+            _write_atomic(self.path, [json.dumps(rec) for rec in good])
         return True
 
     def add_run(self, run: Run) -> None:
