@@ -235,8 +235,8 @@ def test_generation_stops_at_its_time_limit_with_the_answers_cut_there(sharegpt,
     tok = word_tokenizer()
     asked = [(f"p/{i}", tok.encode(" ".join(CONTENT[i: i + 5]))) for i in range(6)]
     out = tmp_path / "own.jsonl"
-    n = data.generate_responses(target.model, tok, out, limit=6, batch_size=2, max_new_tokens=20, prompts=asked,
-                                seconds=1e-6)
+    n = data.generate_responses(target.model, tok, out, data.ResponseSettings(limit=6, batch_size=2, max_new_tokens=20,
+                                                                              seconds=1e-6), asked)
     records = data.read_jsonl(out)
     assert n == len(records) == 2                     # the first batch, then the limit had passed
     for r in records:                                  # as far as it got: a prefix of the target's own answer
@@ -251,8 +251,8 @@ def test_a_generation_cut_by_its_limit_answered_prompts_from_the_start_of_the_or
     # 40 prompts, longest first; the shortest are at the end of the fixed order
     asked = [(f"p/{i}", tok.encode(" ".join(CONTENT[:12 - i // 4]))) for i in range(40)]
     out = tmp_path / "own.jsonl"
-    data.generate_responses(target.model, tok, out, limit=40, batch_size=2, max_new_tokens=3, prompts=asked,
-                            seconds=1e-6)
+    data.generate_responses(target.model, tok, out, data.ResponseSettings(limit=40, batch_size=2, max_new_tokens=3,
+                                                                          seconds=1e-6), asked)
     window = [pid for pid, _ in asked[:2 * data.LENGTH_SORT_BATCHES]]
     (first, second) = [r["id"] for r in data.read_jsonl(out)]
     assert {first, second} <= set(window)            # the shortest of the first window, not of all 40

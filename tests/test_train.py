@@ -475,7 +475,7 @@ def test_a_checkpoint_resumes_only_in_its_own_format(data, tmp_path):
 
 def test_generated_responses_are_greedy_resume_and_skip_prompts_answered_before(tmp_path, monkeypatch):
     from dart_core.jsonl import JsonLines
-    from dart_core.training.data import generate_responses, sharegpt_prompts
+    from dart_core.training.data import ResponseSettings, generate_responses, sharegpt_prompts
     from tests.train_fixtures import _text, word_tokenizer
 
     rng = random.Random(1)
@@ -487,7 +487,7 @@ def test_generated_responses_are_greedy_resume_and_skip_prompts_answered_before(
     out = tmp_path / "responses.jsonl"
 
     def answer(limit, skip=0):
-        return generate_responses(target.model, tok, out, limit=limit, batch_size=2, max_new_tokens=6, skip=skip)
+        return generate_responses(target.model, tok, out, ResponseSettings(limit, skip, batch_size=2, max_new_tokens=6))
 
     assert answer(3) == 3
     with open(out, "a") as fh:

@@ -32,8 +32,8 @@ from ..setup.models import resolve_model_path
 from ..training import distributed
 from ..training import portable
 from ..training.chats import TrainingDataError, chat_file_records, read_chats
-from ..training.data import (ExampleStream, fixed_heldout, generate_responses, same_source, sharegpt_sequences,
-                             stdlib_code_sequences)
+from ..training.data import (ExampleStream, ResponseSettings, fixed_heldout, generate_responses, same_source,
+                             sharegpt_sequences, stdlib_code_sequences)
 from ..training.trainer import FORMATS, Trainer, TrainConfig
 from .args import BATCH_DTYPE_HELP, DTYPE_CHOICES, THINKING_HELP, CliError, add_model_args
 
@@ -156,9 +156,9 @@ def cmd_train_data(args) -> int:
                        portable.read_records(args.prompts_from, target.vocab_size, need_response=False)]
         except portable.PortableDataError as exc:
             raise CliError(str(exc)) from None
-    n = generate_responses(target.model, target.tokenizer, out, limit=args.limit, batch_size=args.batch_size,
-                           max_new_tokens=args.max_new_tokens, stop_ids=stops, skip=args.skip, prompts=prompts,
-                           seconds=args.seconds)
+    settings = ResponseSettings(limit=args.limit, skip=args.skip, batch_size=args.batch_size,
+                                max_new_tokens=args.max_new_tokens, stop_ids=tuple(stops), seconds=args.seconds)
+    n = generate_responses(target.model, target.tokenizer, out, settings, prompts)
     print(f"wrote {n} responses to {out}")
     return 0
 

@@ -28,6 +28,7 @@ import sysconfig
 import textwrap
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -165,43 +166,53 @@ def stdlib_code_sequences(tokenizer, limit: int, max_tokens: int, seed: int = 2,
     return out[:limit]
 
 
+@dataclass(frozen=True)
+class ResponseSettings:
+    """Which prompts `generate_responses` answers, and how."""
+    limit: int = 2000               # prompts answered: the `limit` after the first `skip` in a fixed order
+    skip: int = 0                   # so a machine that lacks an earlier one's file answers new prompts
+    batch_size: int = 32
+    max_new_tokens: int = 256
+    max_prompt_tokens: int = 192    # ShareGPT prompts longer than this are not asked
+    stop_ids: tuple[int, ...] = ()
+    seed: int = 0                   # ShareGPT prompts' fixed order
+    seconds: float = 0.0            # stop after this long (0: no limit); the batch running then is cut there
+
+
 @torch.inference_mode()
-def generate_responses(model, tokenizer, out_path, limit: int = 2000, batch_size: int = 32,
-                       max_new_tokens: int = 256, max_prompt_tokens: int = 192, stop_ids=(), seed: int = 0,
-                       skip: int = 0, prompts: list[tuple[str, list[int]]] | None = None,
-                       seconds: float = 0.0) -> int:
+def generate_responses(model, tokenizer, out_path, settings: ResponseSettings = ResponseSettings(),
+                       prompts: list[tuple[str, list[int]]] | None = None) -> int:
     """Answer ShareGPT prompts greedily with the target; append records to `out_path`. Returns records written.
-    The prompts are the `limit` after the first `skip` in a fixed order: a machine that lacks the file an earlier
-    one wrote can answer new prompts instead of the same ones again. `prompts`: (id, prompt ids) to answer instead
-    of ShareGPT's (from `train-data export`, for a machine without the data package). `seconds`: stop after this
-    long (0: no limit); the batch running then is cut there, its answers kept as far as they got (the target's own
+    `prompts`: (id, prompt ids) to answer instead of ShareGPT's (from `train-data export`, for a machine without
+    the data package). A batch cut by `settings.seconds` keeps its answers as far as they got (the target's own
     greedy tokens all the same)."""
-    deadline = time.monotonic() + seconds if seconds else float("inf")
+    s = settings
+    deadline = time.monotonic() + s.seconds if s.seconds else float("inf")
     done = {r["id"] for r in read_jsonl(out_path)} if Path(out_path).is_file() else set()
     if prompts is None:
-        prompts = sharegpt_prompts(tokenizer, skip + limit, max_prompt_tokens, seed)
-    prompts = prompts[skip: skip + limit]
+        prompts = sharegpt_prompts(tokenizer, s.skip + s.limit, s.max_prompt_tokens, s.seed)
+    prompts = prompts[s.skip: s.skip + s.limit]
     todo = [p for p in prompts if p[0] not in done]
     # similar lengths per batch (little padding), sorted within windows of the fixed order: a run cut by its time
     # limit has answered a sample of the prompts, not only the shortest ("hi", "hey": greetings, 10-token replies)
-    window = batch_size * LENGTH_SORT_BATCHES
+    window = s.batch_size * LENGTH_SORT_BATCHES
     todo = [p for w in range(0, len(todo), window) for p in sorted(todo[w: w + window], key=lambda p: len(p[1]))]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     written = 0
     bar = tqdm(total=len(todo), desc="generating responses", unit="prompt")
     with append_jsonl(out_path) as fh:     # a record cut by an earlier stop is dropped: it is answered again
-        for start in range(0, len(todo), batch_size):
-            batch = todo[start: start + batch_size]
+        for start in range(0, len(todo), s.batch_size):
+            batch = todo[start: start + s.batch_size]
             width = max(len(ids) for _, ids in batch)
             input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in batch], device=model.device)
             attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch],
                                      device=model.device)
             left = deadline - time.monotonic()   # a batch running past the limit ends there (its answers cut)
-            out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                                 do_sample=False, pad_token_id=pad, eos_token_id=list(stop_ids) or None,
-                                 max_time=max(left, 0.1) if seconds else None)
+            out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=s.max_new_tokens,
+                                 do_sample=False, pad_token_id=pad, eos_token_id=list(s.stop_ids) or None,
+                                 max_time=max(left, 0.1) if s.seconds else None)
             for (pid, ids), row in zip(batch, out[:, width:].tolist()):
-                response = cut_at_stop(row, stop_ids, max_new_tokens)
+                response = cut_at_stop(row, s.stop_ids, s.max_new_tokens)
                 fh.write(json.dumps({"id": pid, "prompt_ids": ids, "response_ids": response}) + "\n")
                 written += 1
             fh.flush()
