@@ -18,20 +18,39 @@ def gated_paths() -> str:
     return ", ".join(f"{c} {'stand-in' if c in hw.stand_ins else 'real'}" for c in GATED)
 
 
-def pytest_report_header(config):
+def cpu_line() -> str:
+    """Which CPU, of which kind, these results are from: the test run's first and last lines."""
     hw = detect()
     limited = f" · limited by {hw.limits}" if hw.limits else ""
-    return [f"CPU: {hw.name} · kind {hw.kind}{limited} · torch capability {hw.capability} · {hw.threads} threads",
-            f"capability-gated kernels in this run: {gated_paths()}"]
+    return f"CPU: {hw.name} · kind {hw.kind}{limited} · torch capability {hw.capability} · {hw.threads} threads"
+
+
+def pytest_report_header(config):
+    return [cpu_line(), f"capability-gated kernels in this run: {gated_paths()}"]
+
+
+def _terminal(config):
+    return config.pluginmanager.get_plugin("terminalreporter")
+
+
+def pytest_sessionstart(session):
+    terminal = _terminal(session.config)
+    if terminal is not None and session.config.get_verbosity() < 0:   # -q hides the report header: say it first
+        terminal.write_line(cpu_line())
 
 
 def pytest_terminal_summary(terminalreporter):
-    terminalreporter.write_line(pytest_report_header(None)[0])   # under -q too: which CPU kind these results are from
     for line in _reported:
         terminalreporter.write_line(line)
     if _used_by:
         terminalreporter.write_line(f"capability-gated kernels ({gated_paths()}) ran in {len(_used_by)} tests "
                                     f"through the `capable` fixture")
+
+
+def pytest_unconfigure(config):
+    terminal = _terminal(config)
+    if terminal is not None:        # after the counts of passed and failed: the run's last line, under -q too
+        terminal.write_line(cpu_line())
 
 
 @pytest.fixture
