@@ -15,6 +15,7 @@ from dart_core.training import data as data_mod, trainer as trainer_mod
 from dart_core.training.head_forward import train_logits
 from dart_core.training.trainer import SoftCrossEntropy, Trainer, TrainConfig, choose_draft_vocab, sequence_batch
 from dart_core.training.data import cached_example, sequence_example, top_labels
+from dart_core.training.records import SequenceExample
 from dart_core.setup.tiny_models import plain_greedy_reference, tiny_target
 
 
@@ -37,22 +38,22 @@ def data():
 def test_sequence_examples_carry_the_targets_own_labels(data):
     target, seqs = data
     s = seqs[0]
-    assert s["features"].shape == (s["ids"].numel(), 3 * target.hidden_size)
+    assert s.features.shape == (s.ids.numel(), 3 * target.hidden_size)
     # the responses are the target's greedy output, so its argmax label at position i is token i+1
-    start = s["prompt_len"] - 1
-    assert torch.equal(s["label_ids"][start:-1, 0], s["ids"][start + 1:])
-    assert torch.allclose(s["label_probs"].float().sum(-1), torch.ones(s["ids"].numel()), atol=0.5)
+    start = s.prompt_len - 1
+    assert torch.equal(s.label_ids[start:-1, 0], s.ids[start + 1:])
+    assert torch.allclose(s.label_probs.float().sum(-1), torch.ones(s.ids.numel()), atol=0.5)
 
 
 def test_anchor_targets_line_up(data):
     _, seqs = data
     s = seqs[1]
     batch = sequence_batch(s, 3, 50, random.Random(0), None)
-    for a, p in enumerate(batch["anchors"].tolist()):
-        assert p >= s["prompt_len"] - 1
+    for a, p in enumerate(batch.anchors.tolist()):
+        assert p >= s.prompt_len - 1
         for r in range(3):
-            if batch["row_ok"][a, r]:  # row r of anchor p: the target's choice for token p + 2 + r
-                assert int(batch["argmax"][a, r]) == int(s["label_ids"][p + 1 + r, 0])
+            if batch.row_ok[a, r]:  # row r of anchor p: the target's choice for token p + 2 + r
+                assert int(batch.argmax[a, r]) == int(s.label_ids[p + 1 + r, 0])
 
 
 @pytest.mark.parametrize("n_mask", [1, 3])
@@ -114,7 +115,8 @@ def test_top_labels_are_the_softmaxs_top_k(monkeypatch):
     assert torch.equal(ids, want.indices) and torch.allclose(probs, want.values, atol=1e-6)
 
 
-def same_example(a: dict, b: dict) -> bool:
+def same_example(a, b) -> bool:
+    a, b = (x.to_dict() if isinstance(x, SequenceExample) else x for x in (a, b))   # a cache file holds the dict
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
                                         for k in a)
 
@@ -129,7 +131,7 @@ def test_the_feature_cache_runs_the_target_once_per_sequence(data, tmp_path, mon
         m.setattr(data_mod, "sequence_examples", lambda *a: pytest.fail("the target ran again"))
         assert same_example(cached_example(tmp_path, target, prompt, response), first)
     other = cached_example(tmp_path, target, prompt, response[:-1])  # another sequence: its own file
-    assert len(list(tmp_path.glob("*.pt"))) == 2 and other["ids"].numel() == 8
+    assert len(list(tmp_path.glob("*.pt"))) == 2 and other.ids.numel() == 8
     path.write_bytes(path.read_bytes()[:100])  # a file cut short by a stop is computed again
     assert same_example(cached_example(tmp_path, target, prompt, response), first)
     assert same_example(torch.load(path, weights_only=True), first)
@@ -149,16 +151,16 @@ def test_a_full_disk_stops_the_feature_cache_not_the_training(data, tmp_path, mo
     assert same_example(cut, low) and not list(tmp_path.iterdir())   # no half-written file left behind
 
 
-def assert_same_up_to_rounding(batched: dict, alone: dict) -> None:
+def assert_same_up_to_rounding(batched: SequenceExample, alone: SequenceExample) -> None:
     """One sequence's example from a padded forward against its own forward's: the same tokens and labels, the
     features and probabilities equal up to the rounding of a differently blocked matmul."""
-    assert torch.equal(batched["ids"], alone["ids"]) and batched["prompt_len"] == alone["prompt_len"]
-    assert torch.allclose(batched["features"].float(), alone["features"].float(), atol=0.02, rtol=0.01)
-    assert torch.allclose(batched["label_probs"].float(), alone["label_probs"].float(), atol=2e-3)
+    assert torch.equal(batched.ids, alone.ids) and batched.prompt_len == alone.prompt_len
+    assert torch.allclose(batched.features.float(), alone.features.float(), atol=0.02, rtol=0.01)
+    assert torch.allclose(batched.label_probs.float(), alone.label_probs.float(), atol=2e-3)
     # near-ties may swap places (a random tiny model's are flat), and the 8th may trade with the 9th, not kept:
     # each of the batched first seven is among the forward's own eight, with its probability
-    for ids, probs, own_ids, own_probs in zip(batched["label_ids"].tolist(), batched["label_probs"].tolist(),
-                                              alone["label_ids"].tolist(), alone["label_probs"].tolist()):
+    for ids, probs, own_ids, own_probs in zip(batched.label_ids.tolist(), batched.label_probs.tolist(),
+                                              alone.label_ids.tolist(), alone.label_probs.tolist()):
         own = dict(zip(own_ids, own_probs))
         assert all(i in own and abs(own[i] - p) < 2e-3 for i, p in zip(ids[:-1], probs[:-1]))
 
@@ -170,7 +172,7 @@ def test_a_padded_forward_gives_each_sequence_its_own_forwards_example(data):
              for n, m in ((6, 20), (3, 4), (9, 13), (6, 20))]           # lengths 26, 7, 22, 26: padding and none
     batched = data_mod.sequence_examples(target, pairs)
     for example, (prompt, response) in zip(batched, pairs):
-        assert example["features"].shape == (len(prompt) + len(response), 3 * target.hidden_size)
+        assert example.features.shape == (len(prompt) + len(response), 3 * target.hidden_size)
         assert_same_up_to_rounding(example, sequence_example(target, prompt, response))
 
 
@@ -252,7 +254,7 @@ def repetitive():
 def test_a_few_steps_lower_the_heldout_loss(repetitive, tmp_path):
     target, seqs = repetitive
     heldout, train = seqs[:4], seqs[4:]
-    assert not any(torch.equal(h["ids"], s["ids"]) for h in heldout for s in train)  # truly held out
+    assert not any(torch.equal(h.ids, s.ids) for h in heldout for s in train)  # truly held out
     cfg = TrainConfig(n_mask=2, draft_vocab=48, anchors=8, accumulate=1, max_steps=20, eval_every=10, warmup=2,
                       lr=3e-3)
     trainer = Trainer(target, train, heldout, cfg, tmp_path / "run", stop_ids={2})
@@ -260,8 +262,8 @@ def test_a_few_steps_lower_the_heldout_loss(repetitive, tmp_path):
     trainer.fit(lambda i: train[i % len(train)])
     after = trainer.history[-1]
     assert after["step"] == 20
-    assert after["heldout_loss"] < 0.5 * before["heldout_loss"]
-    assert after["chain_tau"] > before["chain_tau"] + 1.0  # and the greedy chain gets accepted further
+    assert after["heldout_loss"] < 0.5 * before.heldout_loss
+    assert after["chain_tau"] > before.chain_tau + 1.0  # and the greedy chain gets accepted further
 
 
 def test_draft_vocab_prefers_frequent_target_tokens(data):
@@ -270,7 +272,7 @@ def test_draft_vocab_prefers_frequent_target_tokens(data):
     assert len(d2t) == 10 and 2 in d2t.tolist() and torch.equal(d2t, d2t.sort().values)
     counts = torch.zeros(96)
     for s in seqs:
-        counts += torch.bincount(s["label_ids"][s["prompt_len"] - 1:, 0].long(), minlength=96)
+        counts += torch.bincount(s.label_ids[s.prompt_len - 1:, 0].long(), minlength=96)
     chosen = set(d2t.tolist()) - {2}
     others = set(range(96)) - chosen - {2}
     assert min(counts[t] for t in chosen) >= max(counts[t] for t in others)
@@ -524,3 +526,19 @@ def test_auto_keeps_the_feature_batch_that_measures_faster(data, monkeypatch, ba
     for i, example in enumerate(got):
         r = records[i % len(records)]
         assert_same_up_to_rounding(example, sequence_example(target, r["prompt_ids"], r["response_ids"]))
+
+
+def test_typed_records_keep_the_formats_files_hold():
+    from dart_core.training.records import Evaluation, RowStats
+    example = SequenceExample(torch.arange(4, dtype=torch.int32), 2, torch.zeros(4, 6, dtype=torch.bfloat16),
+                              torch.tensor([[1, 2]] * 4, dtype=torch.int32), torch.full((4, 2), 0.5).half())
+    stored = example.to_dict()          # what a feature cache file holds, before these types and after
+    assert list(stored) == ["ids", "prompt_len", "features", "label_ids", "label_probs"]
+    assert same_example(SequenceExample.from_dict(stored), example)
+    assert example.response_argmax().tolist() == [1, 1, 1]
+    # an evaluation as metrics.json, the checkpoint and the learning curve read it: the same keys, in order
+    evaluation = Evaluation(0.5, [0.4, 0.2], 1.6, 2.1, 10, [6, 2, 2])
+    assert evaluation.to_dict() == {"heldout_loss": 0.5, "row_top1": [0.4, 0.2], "chain_tau": 1.6,
+                                    "top3_tau_bound": 2.1, "anchors": 10, "chain_lengths": [6, 2, 2]}
+    total = RowStats.zeros(2) + RowStats(torch.tensor([3.0, 1.0]), 4, 4.0, 6.0, torch.tensor([1.0, 2.0, 1.0]))
+    assert total.rows == 4 and total.hit1.tolist() == [3.0, 1.0] and total.chain_hist.tolist() == [1.0, 2.0, 1.0]

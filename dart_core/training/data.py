@@ -39,6 +39,7 @@ from ..jsonl import append_jsonl, read_jsonl
 from ..setup.chat import chat_ids
 from ..setup.datasets import CODE_COMPLETION_PROMPT, iter_sharegpt
 from ..target import TargetModel
+from .records import SequenceExample
 
 LABEL_TOPK = 8
 CACHE_FREE_FLOOR = 4 << 30   # the feature cache stops growing below this much free disk: training goes on
@@ -237,13 +238,13 @@ def top_labels(logits: torch.Tensor, k: int = LABEL_TOPK) -> tuple[torch.Tensor,
     return top.indices, (top.values.float() - peak).exp_() / total
 
 
-def sequence_example(target: TargetModel, prompt_ids: list[int], response_ids: list[int]) -> dict:
+def sequence_example(target: TargetModel, prompt_ids: list[int], response_ids: list[int]) -> SequenceExample:
     """One training sequence: ids, where the response starts, features [T, 3H] and the target's top-k labels."""
     return sequence_examples(target, [(prompt_ids, response_ids)])[0]
 
 
 @torch.inference_mode()
-def sequence_examples(target: TargetModel, pairs: list[tuple[list[int], list[int]]]) -> list[dict]:
+def sequence_examples(target: TargetModel, pairs: list[tuple[list[int], list[int]]]) -> list[SequenceExample]:
     """`sequence_example` of each (prompt ids, response ids), the target run once over all of them (padded)."""
     rows = [list(p) + list(r) for p, r in pairs]
     width = max(len(ids) for ids in rows)
@@ -252,10 +253,10 @@ def sequence_examples(target: TargetModel, pairs: list[tuple[list[int], list[int
     examples = []
     for b, ((prompt, _), ids) in enumerate(zip(pairs, rows)):
         label_ids, label_probs = top_labels(logits[b, :len(ids)])
-        examples.append({"ids": torch.tensor(ids, dtype=torch.int32), "prompt_len": len(prompt),
-                         "features": feats[b, :len(ids)].to(torch.bfloat16).cpu().clone(),
-                         "label_ids": label_ids.to(torch.int32).cpu(),
-                         "label_probs": label_probs.to(torch.float16).cpu()})
+        examples.append(SequenceExample(ids=torch.tensor(ids, dtype=torch.int32), prompt_len=len(prompt),
+                                        features=feats[b, :len(ids)].to(torch.bfloat16).cpu().clone(),
+                                        label_ids=label_ids.to(torch.int32).cpu(),
+                                        label_probs=label_probs.to(torch.float16).cpu()))
     return examples
 
 
@@ -268,21 +269,23 @@ def cache_key(target: TargetModel, ids: list[int]) -> str:
     return hashlib.sha1(salt.encode() + torch.tensor(ids, dtype=torch.int32).numpy().tobytes()).hexdigest()
 
 
-def cached_example(cache_dir, target: TargetModel, prompt_ids: list[int], response_ids: list[int]) -> dict:
+def cached_example(cache_dir, target: TargetModel, prompt_ids: list[int], response_ids: list[int]
+                   ) -> SequenceExample:
     """`sequence_example`, read from `cache_dir` when an earlier epoch or run computed it, else computed and
     stored there (about 3.5 KB per token for SmolLM2-135M: features 3 x 576 bf16, 3,456 B; top-8 labels, 48 B)."""
     return cached_examples(cache_dir, target, [(prompt_ids, response_ids)])[0]
 
 
-def cached_examples(cache_dir, target: TargetModel, pairs: list[tuple[list[int], list[int]]]) -> list[dict]:
+def cached_examples(cache_dir, target: TargetModel, pairs: list[tuple[list[int], list[int]]]
+                    ) -> list[SequenceExample]:
     """`cached_example` of each pair: the ones not stored yet computed in one forward."""
     paths = [Path(cache_dir) / f"{cache_key(target, list(p) + list(r))}.pt" for p, r in pairs]
-    examples: list[dict | None] = [None] * len(pairs)
+    examples: list[SequenceExample | None] = [None] * len(pairs)
     for i, path in enumerate(paths):
         if path.is_file():
             try:
-                examples[i] = torch.load(path, weights_only=True)
-            except (RuntimeError, EOFError, OSError):
+                examples[i] = SequenceExample.from_dict(torch.load(path, weights_only=True))
+            except (RuntimeError, EOFError, OSError, KeyError):
                 pass  # a file cut short by a stop: computed again
     missing = [i for i, e in enumerate(examples) if e is None]
     for i, example in zip(missing, sequence_examples(target, [pairs[i] for i in missing]) if missing else []):
@@ -296,12 +299,12 @@ def cached_examples(cache_dir, target: TargetModel, pairs: list[tuple[list[int],
     return examples
 
 
-def _store(example: dict, path: Path) -> None:
+def _store(example: SequenceExample, path: Path) -> None:
     """Whole files only: written beside, then renamed (processes of one run may compute the same one); a disk
     that fills while writing loses the file, not the run."""
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     try:
-        torch.save(example, partial)
+        torch.save(example.to_dict(), partial)
         partial.rename(path)
     except OSError as exc:
         partial.unlink(missing_ok=True)
@@ -318,7 +321,7 @@ class ExampleStream:
                  accumulate: int = 1, world: int = 1, measure: bool = False):
         self.target, self.records, self.group, self.cache_dir = target, records, group, cache_dir
         self.accumulate, self.world = accumulate, world
-        self.ready: dict[int, dict] = {}
+        self.ready: dict[int, SequenceExample] = {}
         self.trials: list[tuple[int, float]] = [(1, 0.0), (group, 0.0)] if measure and group > 1 else []
         self.choice = f"{group} sequence(s) per forward" + (" (to be measured against 1)" if self.trials else "")
 
@@ -332,17 +335,17 @@ class ExampleStream:
                 i += (self.world - 1) * self.accumulate   # the other processes' blocks
         return out
 
-    def _examples(self, pairs: list[tuple[list[int], list[int]]]) -> list[dict]:
+    def _examples(self, pairs: list[tuple[list[int], list[int]]]) -> list[SequenceExample]:
         if self.cache_dir:
             return cached_examples(self.cache_dir, self.target, pairs)
         return sequence_examples(self.target, pairs)
 
-    def of_records(self, records: list[dict]) -> list[dict]:
+    def of_records(self, records: list[dict]) -> list[SequenceExample]:
         """The examples of other records (the held-out set, a new head's statistics), `group` per forward."""
         pairs = [(r["prompt_ids"], r["response_ids"]) for r in records]
         return [e for k in range(0, len(pairs), self.group) for e in self._examples(pairs[k:k + self.group])]
 
-    def _measured(self, pairs) -> list[dict]:
+    def _measured(self, pairs) -> list[SequenceExample]:
         """The group's examples, computed as the next trial says and timed per token; after both, the choice."""
         per_forward = next(n for n, s in self.trials if not s)
         t0 = time.perf_counter()
@@ -357,7 +360,7 @@ class ExampleStream:
             self.trials = []
         return examples
 
-    def __call__(self, i: int) -> dict:
+    def __call__(self, i: int) -> SequenceExample:
         if i not in self.ready:   # a wrong guess only costs the unused examples
             indices = self.upcoming(i)
             pairs = [(r["prompt_ids"], r["response_ids"]) for r in

@@ -40,6 +40,7 @@ from ..target import TargetModel
 from . import distributed
 from .head_forward import TrainingForward
 from .progress import Progress
+from .records import AnchorBatch, Evaluation, RowStats, SequenceExample
 
 FORMATS = ("dartlab", "authors")
 
@@ -70,18 +71,17 @@ class TrainConfig:
 
 
 # ---------------------------------------------------------------------------------------------- preparation
-def choose_draft_vocab(seqs: list[dict], size: int, must_include=(), corpus_counts: torch.Tensor | None = None
-                       ) -> torch.Tensor:
+def choose_draft_vocab(seqs: list[SequenceExample], size: int, must_include=(),
+                       corpus_counts: torch.Tensor | None = None) -> torch.Tensor:
     """The `size` most frequent target-argmax tokens of the responses (plus stop ids), as d2t: draft -> target.
 
     corpus_counts ([V] token counts of a large corpus, e.g. the n-gram table's unigrams) are added, scaled to the
     same total, so that a small sample of sequences does not decide the whole vocabulary."""
-    vocab = max(int(max(int(s["label_ids"].max()) for s in seqs)) + 1,
+    vocab = max(int(max(int(s.label_ids.max()) for s in seqs)) + 1,
                 0 if corpus_counts is None else corpus_counts.numel())
     counts = torch.zeros(vocab, dtype=torch.float64)
     for s in seqs:
-        labels = s["label_ids"][s["prompt_len"] - 1:, 0].long()
-        counts += torch.bincount(labels, minlength=vocab)[:vocab].double()
+        counts += torch.bincount(s.response_argmax(), minlength=vocab)[:vocab].double()
     if corpus_counts is not None and corpus_counts.sum() > 0:
         counts[: corpus_counts.numel()] += corpus_counts.double() * (counts.sum() / corpus_counts.sum())
     order = torch.argsort(counts, descending=True, stable=True)
@@ -94,13 +94,13 @@ def choose_draft_vocab(seqs: list[dict], size: int, must_include=(), corpus_coun
     return torch.tensor(sorted(chosen[:size]), dtype=torch.long)
 
 
-def vocab_coverage(seqs: list[dict], d2t: torch.Tensor, vocab_size: int) -> float:
+def vocab_coverage(seqs: list[SequenceExample], d2t: torch.Tensor, vocab_size: int) -> float:
     """Share of the responses' target-argmax tokens that the draft vocabulary contains."""
     inside = torch.zeros(vocab_size, dtype=torch.bool)
     inside[d2t] = True
     hit = total = 0
     for s in seqs:
-        labels = s["label_ids"][s["prompt_len"] - 1:, 0].long()
+        labels = s.response_argmax()
         hit += int(inside[labels].sum())
         total += labels.numel()
     return hit / max(total, 1)
@@ -162,10 +162,10 @@ def grow_draft_vocab(head: DraftHead, target: TargetModel, d2t: torch.Tensor) ->
 
 
 @torch.no_grad()
-def set_feature_stats(head: DraftHead, seqs: list[dict], sample: int = 200, center: bool = True) -> None:
+def set_feature_stats(head: DraftHead, seqs: list[SequenceExample], sample: int = 200, center: bool = True) -> None:
     """Per-dimension feature standardisation from the first `sample` sequences: (x - mean) / std, or without a
     mean (center=False) x / rms, which folds into fc exactly (the authors' format has no bias for a mean)."""
-    feats = torch.cat([s["features"].float() for s in seqs[:sample]])
+    feats = torch.cat([s.features.float() for s in seqs[:sample]])
     if center:
         head.feature_mean.copy_(feats.mean(0))
         head.feature_std.copy_(feats.std(0).clamp_min(1e-3))
@@ -175,10 +175,11 @@ def set_feature_stats(head: DraftHead, seqs: list[dict], sample: int = 200, cent
 
 
 # ---------------------------------------------------------------------------------------------- one sequence
-def sequence_batch(seq: dict, n_rows: int, n_anchors: int, rng: random.Random, t2d: torch.Tensor | None):
-    """Anchors and targets for one sequence. Row r of anchor p predicts the token at p+2+r, whose target
-    distribution is the target's output at position p+1+r."""
-    T, start = seq["ids"].numel(), seq["prompt_len"] - 1
+def sequence_batch(seq: SequenceExample, n_rows: int, n_anchors: int, rng: random.Random,
+                   t2d: torch.Tensor | None) -> AnchorBatch | None:
+    """Anchors and targets for one sequence (None: no anchor in it). Row r of anchor p predicts the token at p+2+r,
+    whose target distribution is the target's output at position p+1+r."""
+    T, start = seq.ids.numel(), seq.prompt_len - 1
     valid = list(range(max(start, 0), T - 2))  # anchor p: committed through p, the root x_{p+1} is a response token
     if not valid:
         return None
@@ -186,8 +187,8 @@ def sequence_batch(seq: dict, n_rows: int, n_anchors: int, rng: random.Random, t
     pos = anchors[:, None] + 1 + torch.arange(n_rows)[None]          # [A, R]
     row_ok = pos <= T - 1
     pos = pos.clamp(max=T - 1)
-    label_ids = seq["label_ids"].long()[pos]                           # [A, R, k]
-    label_probs = seq["label_probs"].float()[pos]
+    label_ids = seq.label_ids.long()[pos]                              # [A, R, k]
+    label_probs = seq.label_probs.float()[pos]
     if t2d is not None:
         label_ids = t2d[label_ids]
         label_probs = label_probs * (label_ids >= 0)
@@ -195,38 +196,33 @@ def sequence_batch(seq: dict, n_rows: int, n_anchors: int, rng: random.Random, t
     argmax_in_vocab = label_probs[..., 0] > 0
     label_probs = label_probs / label_probs.sum(-1, keepdim=True).clamp_min(1e-8)
     mass_ok = label_probs.sum(-1) > 0
-    return {"anchors": anchors, "label_ids": label_ids, "label_probs": label_probs,
-            "weight_mask": row_ok & mass_ok, "argmax": label_ids[..., 0], "argmax_ok": row_ok & argmax_in_vocab,
-            "row_ok": row_ok, "T": T}
+    return AnchorBatch(anchors, label_ids, label_probs, weight_mask=row_ok & mass_ok, argmax=label_ids[..., 0],
+                       argmax_ok=row_ok & argmax_in_vocab, row_ok=row_ok, length=T)
 
 
-def head_logits(forward, target: TargetModel, seq: dict, anchors: torch.Tensor) -> torch.Tensor:
+def head_logits(forward, target: TargetModel, seq: SequenceExample, anchors: torch.Tensor) -> torch.Tensor:
     """The head's logits [A, R, Vd] for the anchors of one sequence, as `DraftHead.forward_train` gives them (a
     trained head has its own output layer). forward: a TrainingForward of the head (or its DDP wrapper)."""
-    ids, device = seq["ids"].long(), target.device
+    ids, device = seq.ids.long(), target.device
     n = int(anchors.max()) + 1   # positions past the last anchor are never attended to; anchors <= T-2
-    feats = seq["features"][:n].to(device).float()
+    feats = seq.features[:n].to(device).float()
     with torch.no_grad():
         embeds = target.embed_tokens(ids[1:n + 1].to(device)).float()  # position i: token i+1
     return forward(feats, embeds, anchors.to(device))
 
 
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def row_stats(logits: torch.Tensor, batch: dict) -> dict:
+def row_stats(logits: torch.Tensor, batch: AnchorBatch) -> RowStats:
     """Per-row top-1 hits, and per-anchor consecutive-correct counts for top-1 and top-3."""
     top3 = logits.topk(3, dim=-1).indices                              # [A, R, 3]
-    ok = batch["argmax_ok"]
-    hit1 = (top3[..., 0] == batch["argmax"]) & ok
-    hit3 = (top3 == batch["argmax"][..., None]).any(-1) & ok
-    full = batch["row_ok"].all(-1)                                     # anchors with every row inside the text
+    ok = batch.argmax_ok
+    hit1 = (top3[..., 0] == batch.argmax) & ok
+    hit3 = (top3 == batch.argmax[..., None]).any(-1) & ok
+    full = batch.row_ok.all(-1)                                        # anchors with every row inside the text
     chain1 = hit1[full].int().cumprod(-1).sum(-1)
     R = logits.shape[1]
-    return {"hit1": hit1[full].float().sum(0).cpu(), "rows": int(full.sum()),
-            "chain1": float(chain1.sum()), "chain3": float(hit3[full].int().cumprod(-1).sum(-1).sum()),
-            "chain_hist": torch.bincount(chain1.cpu(), minlength=R + 1).float()}
+    return RowStats(hit1[full].float().sum(0).cpu(), int(full.sum()), float(chain1.sum()),
+                    float(hit3[full].int().cumprod(-1).sum(-1).sum()),
+                    torch.bincount(chain1.cpu(), minlength=R + 1).float())
 
 
 LOSS_CHUNK_ROWS = 128  # rows of logits per pass: their float copy stays in cache (one pass over [A, R, Vd] is
@@ -262,9 +258,9 @@ class SoftCrossEntropy(torch.autograd.Function):
         return out.view(logits.shape), None, None
 
 
-def soft_ce(logits: torch.Tensor, batch: dict, row_weights: torch.Tensor) -> torch.Tensor:
-    per = SoftCrossEntropy.apply(logits, batch["label_ids"], batch["label_probs"])  # [A, R]
-    w = row_weights[None] * batch["weight_mask"]
+def soft_ce(logits: torch.Tensor, batch: AnchorBatch, row_weights: torch.Tensor) -> torch.Tensor:
+    per = SoftCrossEntropy.apply(logits, batch.label_ids, batch.label_probs)  # [A, R]
+    w = row_weights[None] * batch.weight_mask
     return (per * w).sum() / w.sum().clamp_min(1e-8)
 
 
@@ -276,7 +272,8 @@ def native_bf16(device: torch.device) -> bool:
 
 
 class Trainer:
-    def __init__(self, target: TargetModel, stats_seqs: list[dict], heldout: list[dict], cfg: TrainConfig,
+    def __init__(self, target: TargetModel, stats_seqs: list[SequenceExample], heldout: list[SequenceExample],
+                 cfg: TrainConfig,
                  out_dir, stop_ids=(), corpus_counts: torch.Tensor | None = None, start_head: DraftHead | None = None,
                  provenance: dict | None = None):
         """stats_seqs: sequences used to choose the draft vocabulary and the feature statistics;
@@ -384,21 +381,20 @@ class Trainer:
         on which process trains it or how many processes there are (nor on a resume)."""
         return random.Random(f"{self.cfg.seed}/{index}")
 
-    def _forward(self, seq: dict, rng: random.Random, model=None):
+    def _forward(self, seq: SequenceExample, rng: random.Random, model=None):
         """(batch on the training device, the head's logits for its anchors), or (None, None) for a sequence with
         no anchor. model: what computes the logits (default the head's own TrainingForward, no DDP)."""
         batch = sequence_batch(seq, self.cfg.n_mask + 1, self.cfg.anchors, rng, self.t2d)
         if batch is None:
             return None, None
-        batch = to_device(batch, self.device)
+        batch = batch.to(self.device)
         with self._autocast():
-            return batch, head_logits(model or TrainingForward(self.head), self.target, seq, batch["anchors"])
+            return batch, head_logits(model or TrainingForward(self.head), self.target, seq, batch.anchors)
 
     @torch.no_grad()
-    def evaluate(self) -> dict:
+    def evaluate(self) -> Evaluation:
         self.head.eval()
-        R = self.cfg.n_mask + 1
-        tot = {"hit1": torch.zeros(R), "rows": 0, "chain1": 0.0, "chain3": 0.0, "chain_hist": torch.zeros(R + 1)}
+        tot = RowStats.zeros(self.cfg.n_mask + 1)
         losses = []
         rng = random.Random(1234)  # the same anchors at every evaluation
         for seq in self.heldout:
@@ -406,17 +402,13 @@ class Trainer:
             if batch is None:
                 continue
             losses.append(float(soft_ce(logits, batch, self.row_weights)))
-            st = row_stats(logits, batch)
-            for k in tot:
-                tot[k] = tot[k] + st[k]
+            tot = tot + row_stats(logits, batch)
         self.head.train()
-        n = max(int(tot["rows"]), 1)
-        return {"heldout_loss": round(sum(losses) / len(losses), 4) if losses else None,  # the training loss
-                "row_top1": [round(float(x) / n, 4) for x in tot["hit1"]],
-                "chain_tau": round(1 + float(tot["chain1"]) / n, 4),
-                "top3_tau_bound": round(1 + float(tot["chain3"]) / n, 4), "anchors": n,
-                # anchors whose greedy chain accepts 0, 1, ... R rows: tau for any smaller K can be read off it
-                "chain_lengths": [int(x) for x in tot["chain_hist"]]}
+        n = max(tot.rows, 1)
+        return Evaluation(heldout_loss=round(sum(losses) / len(losses), 4) if losses else None,
+                          row_top1=[round(float(x) / n, 4) for x in tot.hit1],
+                          chain_tau=round(1 + tot.chain1 / n, 4), top3_tau_bound=round(1 + tot.chain3 / n, 4),
+                          anchors=n, chain_lengths=[int(x) for x in tot.chain_hist])
 
     def save(self, directory, metrics: dict, command: str = "") -> None:
         """The head in the run's format, and metrics.json beside it (the run's provenance and held-out metrics)."""
@@ -556,9 +548,9 @@ class Trainer:
                 loss = soft_ce(logits, batch, self.row_weights)
                 (loss / c.accumulate).backward()
             st = row_stats(logits.detach(), batch)
-            n = max(int(st["rows"]), 1)
-            sums += torch.tensor([1.0, batch["anchors"].numel(), float(loss.detach()), float(st["hit1"][0]) / n,
-                                  1 + float(st["chain1"]) / n], dtype=torch.float64)
+            n = max(st.rows, 1)
+            sums += torch.tensor([1.0, batch.anchors.numel(), float(loss.detach()), float(st.hit1[0]) / n,
+                                  1 + st.chain1 / n], dtype=torch.float64)
         sums = distributed.summed(sums)
         self.sequences_seen += c.accumulate * world
         self.tokens_seen += int(sums[1])
@@ -576,7 +568,7 @@ class Trainer:
             self._record_session_minutes()   # for the saved head's metrics
             # how the sequences' features and labels are computed, where the source says (data.ExampleStream)
             self.sessions[-1]["features_and_labels"] = getattr(self._sequences, "choice", None)
-            metrics = {"step": self.step, "tokens_seen": self.tokens_seen, **self.evaluate()}
+            metrics = {"step": self.step, "tokens_seen": self.tokens_seen, **self.evaluate().to_dict()}
             self.history.append(metrics)
             tqdm.write(f"[eval] step {self.step}: {json.dumps(metrics)}")
             if metrics["chain_tau"] > self.best:
