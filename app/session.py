@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,8 @@ class SessionStore:
         self._held: OrderedDict[str, Session] = OrderedDict()
         self._lock = threading.Lock()
         self.freed = {"closed": 0, "idle": 0, "cap": 0}
+        # called with each session freed (the app drops Gradio's copy of its page then: app.ui.forget_page_copy)
+        self.on_free: Callable[[Session], None] | None = None
 
     @classmethod
     def from_env(cls) -> "SessionStore":
@@ -174,6 +177,8 @@ class SessionStore:
         session.free(why)
         del self._held[session.key]
         self.freed[why] += 1
+        if self.on_free is not None:
+            self.on_free(session)
 
 
 def freed_text(why: str, ttl_s: float) -> str:

@@ -42,7 +42,7 @@ def launch_kwargs(sessions: SessionStore) -> dict:
     """What `launch()` needs besides host and port: the stylesheet, the lanes' colour rules and the theme (Gradio 6
     takes them there), and a bound on the pages whose data Gradio itself keeps (the last value of every component,
     kept until evicted: its default is 10,000 pages; twice the sessions held leaves room for pages that never ran
-    anything)."""
+    anything; a page whose session was freed keeps only its state there: `forget_page_copy`)."""
     return {"css_paths": [CSS_PATH], "css": lane_css(),
             "theme": gr.themes.Soft(primary_hue="orange", secondary_hue="blue"),
             "ssr_mode": False, "max_file_size": MAX_TRACE_BYTES, "state_session_capacity": 2 * sessions.max_sessions}
@@ -108,7 +108,23 @@ def build_app(engine: Engine, preload: list[Trace] | None = None, trace_dir=None
         wire_steps(cb, bind)
         wire_files_and_views(cb, bind)
         wire_page(cb, bind, demo, preload)
+    cb.sessions.on_free = functools.partial(forget_page_copy, demo, bind.comps["state"])
     return demo
+
+
+def forget_page_copy(demo: gr.Blocks, state: gr.State, session) -> None:
+    """Gradio keeps, for every page, a copy of every component's configuration with its latest value (for deep links,
+    which this app does not offer): about 1 MB of JSON a page, ten plots' figures most of it, kept until
+    `state_session_capacity` newer pages push the page out, closed or not. When the store frees a session, that copy
+    of its page goes too (Gradio makes an entry again for a component the page updates later); the page's state
+    stays: the freed session, which tells a visitor who comes back why their run is gone."""
+    pages = getattr(getattr(demo, "state_holder", None), "session_data", {})
+    for page in list(pages.values()):   # a snapshot (one call in C): Gradio adds pages from other threads
+        if page.state_data.get(state._id) is session:
+            page.config_values.clear()
+            # and the component copies a streamed run left under ids the page does not have (a few every step)
+            for key in [key for key in page.blocks_config.blocks if key not in demo.blocks]:
+                del page.blocks_config.blocks[key]
 
 
 def wire_run(cb: Callbacks, bind: Binder) -> None:

@@ -141,3 +141,37 @@ def test_the_background_sweep_frees_idle_sessions_and_then_gives_memory_back(tmp
     given_back = threading.Event()
     store.start_sweeping(after_freeing=given_back.set)
     assert given_back.wait(5.0) and not folder.exists() and store.stats()["sessions"] == 0
+
+
+def test_a_freed_session_takes_gradios_copy_of_its_page_along(tmp_path, monkeypatch):
+    """Gradio keeps, per page, every component's configuration with its latest value, and a copy of the components a
+    streamed run updated (about 2.8 MB a page on the tiny model), until newer pages push it out. Once the store frees a
+    page's session that copy goes; the page still learns why its run is gone when it comes back."""
+    from gradio_client import Client
+
+    from app.ui import build_app, launch_kwargs
+    from scripts.app_server import free_port
+
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    clock = Clock()
+    store = SessionStore(ttl_s=600, max_sessions=4, clock=clock)
+    demo = build_app(tiny_engine(), trace_dir=tmp_path, sessions=store)
+    demo.queue()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                **launch_kwargs(store))
+    client = Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=False)
+    try:
+        client.predict(*run_request("hello", max_new_tokens=8).values(), api_name="/page_run")
+        page = demo.state_holder.session_data[client.session_hash]
+        own = set(demo.blocks)
+        assert len(page.config_values) > 50 and set(page.blocks_config.blocks) - own   # what a run leaves held
+        clock.now += 601
+        store.sweep()
+        assert store.stats()["sessions"] == 0
+        assert not page.config_values and set(page.blocks_config.blocks) <= own
+        _, message = client.predict(api_name="/export_html")    # the page's next event, on its freed session
+        assert "idle for over 10 minutes" in message
+    finally:
+        client.close()
+        demo.close()
