@@ -18,6 +18,9 @@ from .timing import PhaseClock
 from .trace import RunSettings, StepRecord, Trace
 
 
+TREE_ROOM = 64   # cache entries reserved for a verified tree beyond the run's tokens (a larger tree grows the cache)
+
+
 @dataclass
 class GenerationConfig:
     max_new_tokens: int = 128
@@ -46,7 +49,7 @@ def generate(target: TargetModel, proposer: Proposer, prompt_ids: list[int],
     gen = None if config.sampling.greedy else config.sampling.make_generator()
     stops = frozenset(config.stop_ids)
     proposer.reset()
-    cache = target.new_cache()
+    cache = target.new_cache(len(prompt_ids) + config.max_new_tokens + TREE_ROOM)
 
     clock = PhaseClock(target.device)
     start = time.perf_counter()

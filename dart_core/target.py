@@ -14,6 +14,7 @@ from transformers import DynamicCache
 
 from .hardware import Hardware, detect
 from .kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies
+from .lean_forward import LeanForward, StaticKV
 from .machine import DtypeChoice
 from .tree import TokenTree
 
@@ -52,6 +53,20 @@ class TargetModel:
         self.cache_kwarg = cache_argument(model)
         self.own_output_layer = _logits_are_output_layer(self)
         self.fast_linears: FastLinears | None = None
+        self.lean: LeanForward | None = None
+
+    def use_lean(self, on: bool = True) -> str | None:
+        """Decode through the lean forward over a static cache (dart_core.lean_forward) where this model's family
+        allows it; off: transformers' forward. Returns why it is off (None when on). Call before `use_kernels`: the
+        plan chooses kernels for the lean forward's fused projections."""
+        why = LeanForward.unsupported(self.model) if on else "off by request"
+        self.lean = LeanForward(self.model) if why is None else None
+        return why
+
+    @property
+    def forward_kind(self) -> str:
+        """Which forward decodes: 'lean' (ours, static cache) or 'transformers'."""
+        return "lean" if self.lean is not None else "transformers"
 
     def use_kernels(self, plan: KernelPlan | None) -> None:
         """Compute the linears of our own forwards with `plan`'s kernels (None: torch's default)."""
@@ -60,6 +75,8 @@ class TargetModel:
     def planned_linears(self) -> list[torch.nn.Linear]:
         """The linears a kernel plan chooses for: the decoder's, and the output layer where our forwards apply it
         themselves (its packed kernel wins from 4 rows but loses at 1-2 on some CPUs; docs/cpu-speed.md)."""
+        if self.lean is not None:
+            return self.lean.linears()
         return decoder_linears(self.model) + ([self.lm_head] if self.own_output_layer else [])
 
     @property
@@ -70,7 +87,11 @@ class TargetModel:
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def new_cache(self) -> DynamicCache:
+    def new_cache(self, capacity: int = 256) -> DynamicCache | StaticKV:
+        """An empty KV cache for one decode: static (allocated once for `capacity` tokens, grown if a run outlives
+        it) under the lean forward, transformers' DynamicCache otherwise."""
+        if self.lean is not None:
+            return self.lean.new_cache(capacity)
         return DynamicCache(config=self.config)
 
     # ------------------------------------------------------------------ forwards
@@ -107,6 +128,9 @@ class TargetModel:
                 attention_mask: torch.Tensor | None = None, features: bool = False,
                 last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """ids, position_ids: [k]. Returns logits [k or 1, V] and features [k, 3H] (or None)."""
+        if isinstance(cache, StaticKV):   # the lean forward takes the block's own [k, k] mask (None: causal)
+            block = attention_mask[0, 0, :, -ids.shape[0]:] if attention_mask is not None else None
+            return self._lean_forward(ids, position_ids, cache, block, features, last_only)
         inputs = {"input_ids": ids[None], "position_ids": position_ids[None], "attention_mask": attention_mask,
                   self.cache_kwarg: cache, "use_cache": True}
         logits, feats = self._logits_and_features(inputs, features, last_only)
@@ -129,7 +153,7 @@ class TargetModel:
         logits, feats = self.forward(ids, pos, cache, features=features, last_only=True)
         return logits[-1], feats
 
-    def verify(self, tree: TokenTree, cache: DynamicCache, features: bool = False):
+    def verify(self, tree: TokenTree, cache: DynamicCache | StaticKV, features: bool = False):
         """Score every tree node in one forward. Node i sees the whole cache plus its own ancestors.
 
         Returns logits [n, V] (row i predicts the token after node i) and features [n, 3H] (or None).
@@ -139,7 +163,10 @@ class TargetModel:
         n = len(tree)
         ids = torch.tensor(tree.tokens, dtype=torch.long, device=self.device)
         pos = torch.tensor(tree.depths, dtype=torch.long, device=self.device) + past
-        if tree.parents == list(range(-1, n - 1)):
+        chain = tree.parents == list(range(-1, n - 1))
+        if isinstance(cache, StaticKV):
+            return self._lean_forward(ids, pos, cache, None if chain else tree.ancestor_mask(self.device), features)
+        if chain:
             mask = None  # a chain (plain decoding, prompt lookup): the model's own causal mask is the tree mask
         else:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=self.device)
@@ -147,10 +174,19 @@ class TargetModel:
             mask = mask[None, None]
         return self.forward(ids, pos, cache, attention_mask=mask, features=features)
 
+    @torch.inference_mode()
+    def _lean_forward(self, ids, positions, cache: StaticKV, block_mask, features: bool, last_only: bool = False):
+        fast = self.fast_linears.active() if self.fast_linears is not None else nullcontext()
+        with fast:
+            return self.lean.forward(ids, positions, cache, block_mask, self.taps if features else (), last_only)
+
     # ------------------------------------------------------------------ cache edits
     @staticmethod
-    def rollback(cache: DynamicCache, length: int) -> None:
+    def rollback(cache: DynamicCache | StaticKV, length: int) -> None:
         """Drop every cache entry past `length`."""
+        if isinstance(cache, StaticKV):
+            cache.rollback(length)
+            return
         extra = cache.get_seq_length() - length
         if extra < 0:
             raise ValueError(f"cannot roll back a cache of {length + extra} entries to {length}")
@@ -158,8 +194,14 @@ class TargetModel:
             cache.crop(-extra)
 
     @staticmethod
-    def commit(cache: DynamicCache, past: int, kept_nodes: list[int]) -> None:
+    def commit(cache: DynamicCache | StaticKV, past: int, kept_nodes: list[int]) -> None:
         """After a verify pass at offset `past`, keep only the tree nodes `kept_nodes` (in order) after `past`."""
+        if isinstance(cache, StaticKV):
+            if kept_nodes == list(range(len(kept_nodes))):
+                cache.rollback(past + len(kept_nodes))
+            else:
+                cache.keep(past, torch.tensor(kept_nodes, dtype=torch.long, device=cache.kv.device))
+            return
         n_total = cache.get_seq_length()
         if kept_nodes == list(range(len(kept_nodes))):  # a prefix of the nodes: a plain crop is enough
             TargetModel.rollback(cache, past + len(kept_nodes))

@@ -124,7 +124,7 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
     # who applies the output layer too: ours (its kernel in the plan) or the model's own forward
     output = "own-output-layer" if target.own_output_layer else "model"
     name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}|{output}|"
-                                       f"{CURVE_FIT}")
+                                       f"{CURVE_FIT}|{target.forward_kind}")
     return cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
                    "the verify cost curve")
 

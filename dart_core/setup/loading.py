@@ -6,6 +6,7 @@ The CLI, the benchmark and the app all build their decoding pieces here, so they
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -36,18 +37,26 @@ from .models import DEFAULT_MODEL, ModelLoadError, dtype_name, load_model_and_to
 from .ngram_tables import ensure_default_ngram
 
 
+LEAN, TRANSFORMERS = "lean", "transformers"
+FORWARDS = (LEAN, TRANSFORMERS)
+FORWARD_ENV = "DART_FORWARD"   # the one switch back to transformers' own forward, for every command and the app
+
+
 class SetupError(DartError):
     """Pieces that do not fit together (a table for another vocabulary, DART without a head, ...)."""
 
 
 def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AUTO,
                 recalibrate: bool = False, hardware: Hardware | None = None,
-                rows_measured: tuple[int, ...] = DTYPE_ROWS) -> TargetModel:
+                rows_measured: tuple[int, ...] = DTYPE_ROWS, forward: str | None = None) -> TargetModel:
     """The target, with its decoder linears on the kernels measured fastest on this machine (cached per machine;
     recalibrate measures again). dtype 'auto': lossless fp32; 'fast': the dtype measured fastest here (see
     dart_core.setup.dtype_choice); the choice and its reason are in `target.dtype_choice`. hardware: what the
     kernels may use (default: what this machine has; tests turn capabilities on and off). rows_measured: where
-    'fast' compares the dtypes on a CPU (kernels.DTYPE_ROWS for decoding, BATCH_ROWS for batched work)."""
+    'fast' compares the dtypes on a CPU (kernels.DTYPE_ROWS for decoding, BATCH_ROWS for batched work). forward:
+    'lean' (our forward over a static cache, where the model's family allows) or 'transformers'; None reads
+    $DART_FORWARD, 'lean' by default."""
+    forward = chosen_forward(forward)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here")
     # auto is lossless (fp32); fast is decided before the load on a GPU, measured on the fp32 model on a CPU
@@ -61,8 +70,18 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
         hf_model.to(parse_dtype(choice.dtype))
     target = TargetModel(hf_model, tokenizer, hardware)
     target.dtype_choice = choice
+    target.use_lean(forward == LEAN)
     target.use_kernels(kernel_plan(target, recalibrate))
     return target
+
+
+def chosen_forward(forward: str | None) -> str:
+    """The forward asked for (None: $DART_FORWARD, else 'lean'), checked."""
+    forward = forward or os.environ.get(FORWARD_ENV) or LEAN
+    if forward not in FORWARDS:
+        raise SetupError(f"unknown forward {forward!r} (from {FORWARD_ENV} or the caller); use one of "
+                         f"{', '.join(FORWARDS)}")
+    return forward
 
 
 def fast_dtype(model: str, device: str, recalibrate: bool = False) -> tuple[DtypeChoice, TargetModel | None]:

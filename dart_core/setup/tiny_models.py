@@ -4,7 +4,7 @@ decode with, and the lossless yardstick they compare against (plain_greedy_refer
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, Qwen2Config, Qwen3Config
 
 from ..draft_head import DraftConfig, DraftHead
 from ..proposers import Drafter
@@ -80,7 +80,7 @@ def plain_greedy_reference(target: TargetModel, prompt_ids: list[int], max_new_t
                            stop_ids=frozenset()) -> list[int]:
     """Token-by-token greedy decoding with transformers' own cache handling (the lossless yardstick in tests)."""
     ids = torch.tensor([prompt_ids], device=target.device)
-    cache = target.new_cache()
+    cache = DynamicCache(config=target.config)   # transformers' own, whatever forward the target decodes with
     out: list[int] = []
     with torch.inference_mode():
         logits = target.model(input_ids=ids, **{target.cache_kwarg: cache}, use_cache=True).logits[0, -1]

@@ -136,7 +136,7 @@ def register(sub) -> None:
 
 
 def _load(model: str, dtype: str, device: str):
-    target = load_target(model, device, dtype, rows_measured=BATCH_ROWS)
+    target = load_target(model, device, dtype, rows_measured=BATCH_ROWS, forward="transformers")   # batched, no cache
     return target, stop_ids(target)
 
 

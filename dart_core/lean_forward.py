@@ -1,0 +1,216 @@
+"""The target's forward of our own, for the Llama / Qwen2 / Qwen3 / Mistral families, over a static KV cache.
+
+transformers' forward is general: per call it builds masks, cache objects and kwargs dicts, and runs seven
+projections a layer. Here a decode step is the model's arithmetic and little else: the q/k/v and gate/up projections
+are fused into one matrix each (four matrix products a layer, not seven), the KV cache is one tensor per layer
+allocated once and written in place, and committing a tree's accepted path is an index copy on the device. The
+forward is a plain function of tensors, so `torch.compile` can take it whole.
+
+It reads the transformers model's own weights and modules (norms' eps, the rotary embedding with its scaling) and
+copies only the fused projections. `LeanForward.unsupported(model)` says why a model cannot take it (sliding-window
+layers, an unknown activation, ...); the target then keeps transformers' forward. tests/test_lean_forward.py checks
+it against transformers' forward and decodes losslessly with it, eager and compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer's parameters as the lean forward uses them. The projections are nn.Linear modules, so that
+    the kernel plan (dart_core.kernels.FastLinears) can put each on the kernel measured fastest for its rows."""
+    norm_in: torch.Tensor
+    qkv: torch.nn.Linear              # q, k and v projections stacked: [(H + 2 KV) d, hidden]
+    q_norm: torch.Tensor | None       # Qwen3 normalizes each head's q and k before the rotation
+    k_norm: torch.Tensor | None
+    o: torch.nn.Linear
+    norm_post: torch.Tensor
+    gate_up: torch.nn.Linear          # gate and up projections stacked: [2 I, hidden]
+    down: torch.nn.Linear
+
+
+class StaticKV:
+    """The KV cache as one preallocated tensor per layer, [kv_heads, capacity, head_dim] keys and values; `length`
+    entries are valid. Grows (by doubling, copying once) only where a run outlives its capacity. Its tensor is made
+    and edited in inference mode, as the forwards that write it run."""
+
+    @torch.inference_mode()
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype, device):
+        shape = (layers, 2, kv_heads, max(capacity, 1), head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.shape[3]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    @torch.inference_mode()
+    def reserve(self, length: int) -> None:
+        if length > self.capacity:
+            grown = self.kv.new_zeros((*self.kv.shape[:3], max(length, 2 * self.capacity), self.kv.shape[4]))
+            grown[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
+            self.kv = grown
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back a cache of {self.length} entries to {length}")
+        self.length = length
+
+    @torch.inference_mode()
+    def keep(self, past: int, kept: torch.Tensor) -> None:
+        """After a verify block at `past`, keep entries past + kept[i] (in order) at past + i: one gather, one copy."""
+        n = kept.numel()
+        if n and int(kept.max()) >= self.length - past:
+            raise ValueError("kept node outside the verified block")
+        self.kv[:, :, :, past: past + n] = self.kv[:, :, :, past + kept]
+        self.length = past + n
+
+
+class LeanForward:
+    """The model's forward over a StaticKV, from the transformers model's weights (fused copies of the
+    projections; everything else shared)."""
+
+    def __init__(self, model):
+        why = self.unsupported(model)
+        if why:
+            raise ValueError(f"the lean forward cannot run {type(model).__name__}: {why}")
+        cfg = model.config
+        inner = model.model
+        self.heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
+        self.eps = float(cfg.rms_norm_eps)
+        self.embed = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.norm_out = inner.norm.weight
+        self.output = model.get_output_embeddings()
+        self.layers = [self._layer(layer) for layer in inner.layers]
+        self.compiled = None
+
+    @staticmethod
+    def unsupported(model) -> str | None:
+        """Why this model cannot take the lean forward, or None."""
+        cfg = getattr(model, "config", None)
+        kind = getattr(cfg, "model_type", None)
+        if kind not in FAMILIES:
+            return f"model type {kind!r} (the lean forward knows {', '.join(FAMILIES)})"
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            return f"activation {cfg.hidden_act!r}"
+        if "sliding_attention" in (getattr(cfg, "layer_types", None) or ()) or \
+                (kind == "mistral" and getattr(cfg, "sliding_window", None)):
+            return "sliding-window attention"
+        if getattr(cfg, "mlp_bias", False) or getattr(cfg, "final_logit_softcapping", None):
+            return "MLP biases or logit soft-capping"
+        return None
+
+    def _layer(self, layer) -> LayerWeights:
+        att, mlp = layer.self_attn, layer.mlp
+        norm = getattr(att, "q_norm", None)
+        return LayerWeights(
+            norm_in=layer.input_layernorm.weight, qkv=_stacked([att.q_proj, att.k_proj, att.v_proj]),
+            q_norm=norm.weight if norm is not None else None, k_norm=att.k_norm.weight if norm is not None else None,
+            o=att.o_proj, norm_post=layer.post_attention_layernorm.weight,
+            gate_up=_stacked([mlp.gate_proj, mlp.up_proj]), down=mlp.down_proj)
+
+    def linears(self) -> list[torch.nn.Linear]:
+        """Every projection the forward computes, the output layer last: what a kernel plan chooses for."""
+        return [m for w in self.layers for m in (w.qkv, w.o, w.gate_up, w.down)] + [self.output]
+
+    def new_cache(self, capacity: int) -> StaticKV:
+        return StaticKV(len(self.layers), self.kv_heads, self.head_dim, capacity, self.embed.dtype,
+                        self.embed.device)
+
+    def compile(self, **options) -> None:
+        """Run the step through torch.compile from now on (dynamic shapes: any rows, any cache length)."""
+        self.compiled = torch.compile(self._step, dynamic=True, **options)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: StaticKV, block_mask: torch.Tensor | None,
+                taps: tuple[int, ...] = (), last_only: bool = False):
+        """ids, positions [n] appended at cache.length; block_mask [n, n] (bool: row i sees block entry j) or None
+        for a causal block. Returns logits [n or 1, V] and the tap layers' inputs [n, 3H] (None without taps)."""
+        past, n = cache.length, ids.shape[0]
+        cache.reserve(past + n)
+        mask = None
+        if n > 1:   # the cache is seen whole; inside the block, the tree's (or the causal) mask
+            inside = block_mask if block_mask is not None else \
+                torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
+            mask = torch.cat([torch.ones(n, past, dtype=torch.bool, device=ids.device), inside], dim=1)
+        step = self.compiled or self._step
+        logits, feats = step(ids, positions, cache.kv, past, mask, taps, last_only)
+        cache.length = past + n
+        return logits, feats
+
+    def _step(self, ids, positions, kv, past: int, mask, taps: tuple[int, ...], last_only: bool):
+        n = ids.shape[0]
+        hidden = F.embedding(ids, self.embed)[None]                       # [1, n, hidden]
+        cos, sin = self.rotary(hidden, positions[None])
+        cos, sin = cos[:, None], sin[:, None]                              # [1, 1, n, d]
+        attn_mask = mask[None, None] if mask is not None else None
+        captured = {}
+        for i, w in enumerate(self.layers):
+            if i in taps:
+                captured[i] = hidden
+            hidden = hidden + self._attention(w, _rms(hidden, w.norm_in, self.eps), cos, sin, kv[i], past, n,
+                                              attn_mask)
+            x = _rms(hidden, w.norm_post, self.eps)
+            gate, up = w.gate_up(x).chunk(2, dim=-1)
+            hidden = hidden + w.down(F.silu(gate) * up)
+        hidden = _rms(hidden, self.norm_out, self.eps)
+        if last_only:
+            hidden = hidden[:, -1:]
+        logits = self.output(hidden)[0]
+        feats = torch.cat([captured[i] for i in taps], dim=-1)[0] if taps else None   # taps may repeat a layer
+        return logits, feats
+
+    def _attention(self, w: LayerWeights, x, cos, sin, kv, past: int, n: int, attn_mask):
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q, k, v = w.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(1, n, self.heads, self.head_dim)
+        k = k.view(1, n, self.kv_heads, self.head_dim)
+        if w.q_norm is not None:
+            q, k = _rms(q, w.q_norm, self.eps), _rms(k, w.k_norm, self.eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        kv[0, :, past: past + n] = k[0]
+        kv[1, :, past: past + n] = v[0]
+        keys, values = kv[0, None, :, : past + n], kv[1, None, :, : past + n]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=self.head_dim ** -0.5,
+                                             enable_gqa=self.kv_heads != self.heads)
+        return w.o(out.transpose(1, 2).reshape(1, n, q_size))
+
+
+def _stacked(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
+    """One nn.Linear computing `linears` side by side (a missing bias is zeros where another has one)."""
+    first = linears[0]
+    has_bias = any(m.bias is not None for m in linears)
+    out = torch.nn.Linear(first.in_features, sum(m.out_features for m in linears), bias=has_bias,
+                          dtype=first.weight.dtype, device=first.weight.device)
+    with torch.no_grad():
+        out.weight.copy_(torch.cat([m.weight for m in linears]))
+        if has_bias:
+            out.bias.copy_(torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
+                                      for m in linears]))
+    return out.eval().requires_grad_(False)
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: the statistics in fp32, the weight applied in the input's dtype."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin

@@ -1,0 +1,103 @@
+"""The lean forward over a static cache (dart_core.lean_forward): the same logits and features as transformers'
+forward, and greedy decoding through it token-identical to plain decoding, for every family it takes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dart_core.decoding import GenerationConfig, run
+from dart_core.kernels import measure_plan
+from dart_core.lean_forward import LeanForward, StaticKV
+from dart_core.ngram import NGramModel
+from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
+from dart_core.setup import loading
+from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, random_head, tiny_target
+from dart_core.tree import TokenTree
+from dart_core.tree_search import SearchConfig
+from tests.test_engine_lossless import prompts
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+def lean_pair(family: str, seed: int = 3):
+    """The same tiny model twice: on transformers' forward, and on the lean one."""
+    plain, lean = tiny_target(family, seed=seed), tiny_target(family, seed=seed)
+    assert lean.use_lean() is None and lean.forward_kind == "lean" and plain.forward_kind == "transformers"
+    return plain, lean
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prefill_tree_verify_and_commit_match_transformers_forward(family):
+    plain, lean = lean_pair(family)
+    ids = list(range(5, 25))
+    caches = plain.new_cache(), lean.new_cache(capacity=8)           # too small: the static cache grows
+    assert isinstance(caches[1], StaticKV) and not isinstance(caches[0], StaticKV)
+    (la, fa), (lb, fb) = (t.prefill(ids, c, features=True) for t, c in zip((plain, lean), caches))
+    close(la, lb), close(fa, fb)
+    assert caches[1].get_seq_length() == len(ids) and caches[1].capacity >= len(ids)
+
+    tree = TokenTree([7, 8, 9, 10, 11, 12], [-1, 0, 0, 1, 2, 4])
+    (la, fa), (lb, fb) = (t.verify(tree, c, features=True) for t, c in zip((plain, lean), caches))
+    close(la, lb), close(fa, fb)
+    for t, c in zip((plain, lean), caches):    # keep a path that is not a prefix: entries move on the device
+        t.commit(c, len(ids), [0, 2, 4, 5])
+    (la, _), (lb, _) = (t.verify(TokenTree.chain(3, [4, 5]), c) for t, c in zip((plain, lean), caches))
+    close(la, lb)
+    assert caches[1].get_seq_length() == len(ids) + 4 + 3
+
+
+def test_the_static_cache_refuses_edits_outside_what_it_holds():
+    cache = StaticKV(layers=2, kv_heads=1, head_dim=4, capacity=4, dtype=torch.float32, device="cpu")
+    cache.length = 3
+    with pytest.raises(ValueError, match="roll back"):
+        cache.rollback(4)
+    with pytest.raises(ValueError, match="outside the verified block"):
+        cache.keep(1, torch.tensor([0, 2]))
+    cache.reserve(9)
+    assert cache.capacity == 9 and cache.length == 3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_dart_lookup_and_plain_decoding_through_it_are_lossless(family):
+    _, lean = lean_pair(family, seed=4)
+    ngram = NGramModel.build(prompts(30, lean.vocab_size, seed=9), vocab_size=lean.vocab_size, order=3)
+    proposers = [VanillaProposer(), PromptLookupProposer(),
+                 DartProposer(HeadDrafter(random_head(lean), lean), SearchConfig(node_budget=24), ngram),
+                 DartProposer(OracleDrafter(lean, 4), SearchConfig(node_budget=8))]
+    for prompt in prompts(6, lean.vocab_size, seed=1):
+        expected = plain_greedy_reference(lean, prompt, 20)
+        for proposer in proposers:
+            assert run(lean, proposer, prompt, GenerationConfig(max_new_tokens=20)).output_ids == expected, \
+                proposer.name
+
+
+def test_the_kernel_plan_chooses_for_the_fused_projections_and_stays_lossless(capable):
+    target = tiny_target("llama", seed=6)
+    target.hardware = capable
+    target.use_lean()
+    linears = target.planned_linears()
+    assert {tuple(m.weight.shape) for m in linears} >= {(64 + 2 * 32, 64), (2 * 128, 64)}   # qkv, gate+up
+    target.use_kernels(measure_plan(linears, capable, rounds=1))
+    proposer = DartProposer(HeadDrafter(random_head(target), target), SearchConfig(node_budget=16))
+    for prompt in prompts(4, target.vocab_size, seed=2):
+        assert run(target, proposer, prompt, GenerationConfig(max_new_tokens=16)).output_ids == \
+            plain_greedy_reference(target, prompt, 16)
+
+
+def test_models_the_lean_forward_does_not_know_keep_transformers_forward(monkeypatch):
+    target = tiny_target("qwen3", seed=1)
+    target.model.config.layer_types = ["sliding_attention"] * target.num_layers
+    assert "sliding-window" in target.use_lean() and target.forward_kind == "transformers"
+    target.model.config.model_type = "gpt_neox"
+    assert "model type" in LeanForward.unsupported(target.model)
+    assert "off by request" == tiny_target("llama").use_lean(False)
+    monkeypatch.setenv(loading.FORWARD_ENV, "fastest")
+    with pytest.raises(loading.SetupError, match="unknown forward 'fastest'"):
+        loading.chosen_forward(None)
+    monkeypatch.setenv(loading.FORWARD_ENV, "transformers")
+    assert loading.chosen_forward(None) == "transformers" and loading.chosen_forward("lean") == "lean"
