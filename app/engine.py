@@ -14,6 +14,7 @@ from dart_core.decoding import GenerationConfig, generate, verify_once
 from dart_core.errors import DartError
 from dart_core.methods import DART, DART_PLD
 from dart_core.ngram import NGramModel
+from dart_core.setup.calibration import cost_curve
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.defaults import DEFAULT_HEAD
 from dart_core.setup.loading import DraftSettings, Loaded, load, load_ngram
@@ -41,6 +42,9 @@ class Engine:
         """Load the target, the draft head and the n-gram table. A missing default head falls back to a random
         (untrained) head, with a notice for the UI."""
         loaded = load(model, draft, ngram, device, dtype, draft_int8=draft_int8, random_fallback=True)
+        # The verify cost curve the automatic budget chooses on, measured (once per machine, then cached) before any
+        # visitor keeps the machine busy; runs never measure it again (see `steps`).
+        cost_curve(loaded.target, loaded.model)
         notices = []
         if loaded.fell_back:
             notices.append(f"No trained DART head is shipped yet (assets/{DEFAULT_HEAD.name}/ is missing): the app "
@@ -105,7 +109,14 @@ class Engine:
               settings: DraftSettings):
         """The step generator of one lane (lazy: nothing runs before the first `next()`)."""
         config = GenerationConfig(max_new_tokens, sampling, stop_ids=self.loaded.stop_ids)
-        return generate(self.target, self.loaded.proposer(method, settings), prompt_ids, config)
+        proposer = self.loaded.proposer(method, settings)
+        budget = getattr(proposer, "auto_budget", None)
+        if budget is not None:
+            # Where the run's verify times disagree with the curve, it is scaled for this run only, never measured
+            # again: other visitors' runs keep the machine busy, and a curve measured then would replace the good
+            # one (cached) for every later run.
+            budget.remeasure = None
+        return generate(self.target, proposer, prompt_ids, config)
 
     def name_step(self, trace: Trace, step) -> None:
         """Record the text of the tokens a new step mentions (replays need no tokenizer)."""

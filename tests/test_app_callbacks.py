@@ -480,3 +480,21 @@ def test_the_tree_knobs_are_search_configs_own(tmp_path):
     argv = [str(x) for knob in registry for x in (knob.flag, values[knob.name])]
     assert search_config_from(parser.parse_args(argv)) == SearchConfig(**values)
     assert search_config_from(parser.parse_args([])) == SearchConfig(node_budget=8)   # 'auto' starts at 8 on CPU
+
+
+def test_a_run_never_measures_the_cost_curve_again(engine, tmp_path, monkeypatch):
+    """A visitor's run whose verify times disagree with the cached curve scales it for itself, and leaves the cached
+    curve as it was: on a machine busy with other visitors, a curve measured mid-run would replace a good one."""
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
+    cb = Callbacks(engine, tmp_path / "out")
+    run_all(cb, Session(), run_request("measure here", max_new_tokens=4, auto_budget=True))   # measured and cached
+    [cached] = (tmp_path / "cache" / "calibration").glob("cost-*.json")
+    curve = json.loads(cached.read_text())
+    wrong = {**curve, "seconds": [s * 50 for s in curve["seconds"]]}                      # 50 times too slow
+    cached.write_text(json.dumps(wrong))
+    session = Session()
+    run_all(cb, session, run_request("hello there", max_new_tokens=40, auto_budget=True))
+    fixes = [s.budget.curve for s in session.lanes["dart"].trace.steps[1:] if s.budget and s.budget.curve]
+    assert fixes and fixes[0].ratio < 0.2 and all(fix.action == "scaled" for fix in fixes)   # never re-measured
+    assert json.loads(cached.read_text()) == wrong                                         # the cached curve stays
+    assert session.lanes["dart"].trace.output_ids == session.lanes["vanilla"].trace.output_ids
