@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 
 from .acceptance import SamplingConfig, accept, choose_token
 from .errors import ConfigError
+from .fixed_step import FIXED_BUCKETS
 from .proposers import Proposer
 from .target import TargetModel
 from .timing import PhaseClock
 from .trace import RunSettings, StepRecord, Trace
 
 
-TREE_ROOM = 64   # cache entries reserved for a verified tree beyond the run's tokens (a larger tree grows the cache)
+TREE_ROOM = FIXED_BUCKETS[-1]   # cache entries beyond the run's tokens, for a verified tree padded to its bucket
 
 
 @dataclass
@@ -46,11 +47,18 @@ def generate(target: TargetModel, proposer: Proposer, prompt_ids: list[int],
     max_context = min(config.max_context or target.max_positions, target.max_positions)
     if len(prompt_ids) >= max_context:
         raise ConfigError(f"the prompt has {len(prompt_ids)} tokens; the context limit is {max_context}")
-    gen = None if config.sampling.greedy else config.sampling.make_generator()
-    stops = frozenset(config.stop_ids)
     proposer.reset()
     cache = target.new_cache(len(prompt_ids) + config.max_new_tokens + TREE_ROOM)
+    try:
+        yield from _decode(target, proposer, prompt_ids, config, cache, max_context)
+    finally:   # also when the caller stops early: a static cache goes back for the next decode
+        target.release(cache)
 
+
+def _decode(target: TargetModel, proposer: Proposer, prompt_ids: list[int], config: GenerationConfig, cache,
+            max_context: int) -> Iterator[StepRecord]:
+    gen = None if config.sampling.greedy else config.sampling.make_generator()
+    stops = frozenset(config.stop_ids)
     clock = PhaseClock(target.device)
     start = time.perf_counter()
     clock.mark()

@@ -4,12 +4,13 @@ transformers' forward is general: per call it builds masks, cache objects and kw
 projections a layer. Here a decode step is the model's arithmetic and little else: the q/k/v and gate/up projections
 are fused into one matrix each (four matrix products a layer, not seven), the KV cache is one tensor per layer
 allocated once and written in place, and committing a tree's accepted path is an index copy on the device. The
-forward is a plain function of tensors, so `torch.compile` can take it whole.
+forward is a plain function of tensors, so a CUDA graph can capture it whole.
 
 It reads the transformers model's own weights and modules (norms' eps, the rotary embedding with its scaling) and
 copies only the fused projections. `LeanForward.unsupported(model)` says why a model cannot take it (sliding-window
-layers, an unknown activation, ...); the target then keeps transformers' forward. tests/test_lean_forward.py checks
-it against transformers' forward and decodes losslessly with it, eager and compiled.
+layers, an unknown activation, ...); the target then keeps transformers' forward. On a GPU the steps run at fixed
+shapes, captured as CUDA graphs (dart_core.fixed_step). tests/test_lean_forward.py checks it against transformers'
+forward and decodes losslessly with it, at its own shapes and at fixed ones.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .fixed_step import FIXED_BUCKETS, fixed_step
+
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+FREE_CACHES = 4          # caches kept for the next decodes (with their graphs), enough for the app's lanes
+OFF, EAGER, CUDA = "off", "eager", "cuda"
 
 
 @dataclass
@@ -46,6 +51,7 @@ class StaticKV:
         shape = (layers, 2, kv_heads, max(capacity, 1), head_dim)
         self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0
+        self.fixed = None   # its fixed-shape step (dart_core.fixed_step), graphs and all, made at the first use
 
     @property
     def capacity(self) -> int:
@@ -95,7 +101,10 @@ class LeanForward:
         self.norm_out = inner.norm.weight
         self.output = model.get_output_embeddings()
         self.layers = [self._layer(layer) for layer in inner.layers]
-        self.compiled = None
+        self._free: list[StaticKV] = []
+        # fixed-shape steps: captured as CUDA graphs on a GPU (CUDA), run eagerly (EAGER: the same code on any
+        # device, as the tests run it), or not used (OFF: every step at its own shape)
+        self.graphs = CUDA if self.embed.device.type == "cuda" else OFF
 
     @staticmethod
     def unsupported(model) -> str | None:
@@ -127,12 +136,20 @@ class LeanForward:
         return [m for w in self.layers for m in (w.qkv, w.o, w.gate_up, w.down)] + [self.output]
 
     def new_cache(self, capacity: int) -> StaticKV:
+        """A cache for one decode: a released one that is large enough (its captured graphs come with it), else a new
+        one. Hand it back with `release` when the decode ends."""
+        for cache in self._free:
+            if cache.capacity >= capacity:
+                self._free.remove(cache)
+                cache.length = 0
+                return cache
         return StaticKV(len(self.layers), self.kv_heads, self.head_dim, capacity, self.embed.dtype,
                         self.embed.device)
 
-    def compile(self, **options) -> None:
-        """Run the step through torch.compile from now on (dynamic shapes: any rows, any cache length)."""
-        self.compiled = torch.compile(self._step, dynamic=True, **options)
+    def release(self, cache: StaticKV) -> None:
+        """`cache`'s decode is over: keep it (at most FREE_CACHES) for the next one."""
+        if cache not in self._free:
+            self._free = [cache, *self._free][:FREE_CACHES]
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: StaticKV, block_mask: torch.Tensor | None,
@@ -140,18 +157,21 @@ class LeanForward:
         """ids, positions [n] appended at cache.length; block_mask [n, n] (bool: row i sees block entry j) or None
         for a causal block. Returns logits [n or 1, V] and the tap layers' inputs [n, 3H] (None without taps)."""
         past, n = cache.length, ids.shape[0]
+        if self.graphs != OFF and n <= FIXED_BUCKETS[-1]:
+            return fixed_step(self, cache, taps).run(ids, positions, block_mask, last_only)
         cache.reserve(past + n)
         mask = None
         if n > 1:   # the cache is seen whole; inside the block, the tree's (or the causal) mask
             inside = block_mask if block_mask is not None else \
                 torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
             mask = torch.cat([torch.ones(n, past, dtype=torch.bool, device=ids.device), inside], dim=1)
-        step = self.compiled or self._step
-        logits, feats = step(ids, positions, cache.kv, past, mask, taps, last_only)
+        logits, feats = self.step(ids, positions, cache.kv, past, past + n, mask, taps, last_only)
         cache.length = past + n
         return logits, feats
 
-    def _step(self, ids, positions, kv, past: int, mask, taps: tuple[int, ...], last_only: bool):
+    def step(self, ids, positions, kv, write, span: int, mask, taps: tuple[int, ...], last_only: bool):
+        """The arithmetic of one forward. write: where the block's keys and values go in the cache (an int: at that
+        offset; a tensor: at those indices); span: how many cache entries the attention reads (mask [n, span])."""
         n = ids.shape[0]
         hidden = F.embedding(ids, self.embed)[None]                       # [1, n, hidden]
         cos, sin = self.rotary(hidden, positions[None])
@@ -161,7 +181,7 @@ class LeanForward:
         for i, w in enumerate(self.layers):
             if i in taps:
                 captured[i] = hidden
-            hidden = hidden + self._attention(w, _rms(hidden, w.norm_in, self.eps), cos, sin, kv[i], past, n,
+            hidden = hidden + self._attention(w, _rms(hidden, w.norm_in, self.eps), cos, sin, kv[i], write, span,
                                               attn_mask)
             x = _rms(hidden, w.norm_post, self.eps)
             gate, up = w.gate_up(x).chunk(2, dim=-1)
@@ -173,7 +193,8 @@ class LeanForward:
         feats = torch.cat([captured[i] for i in taps], dim=-1)[0] if taps else None   # taps may repeat a layer
         return logits, feats
 
-    def _attention(self, w: LayerWeights, x, cos, sin, kv, past: int, n: int, attn_mask):
+    def _attention(self, w: LayerWeights, x, cos, sin, kv, write, span: int, attn_mask):
+        n = x.shape[1]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         q, k, v = w.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(1, n, self.heads, self.head_dim)
@@ -183,9 +204,13 @@ class LeanForward:
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        kv[0, :, past: past + n] = k[0]
-        kv[1, :, past: past + n] = v[0]
-        keys, values = kv[0, None, :, : past + n], kv[1, None, :, : past + n]
+        if isinstance(write, int):
+            kv[0, :, write: write + n] = k[0]
+            kv[1, :, write: write + n] = v[0]
+        else:   # fixed shapes (a captured graph): the indices are a tensor the graph reads
+            kv[0].index_copy_(1, write, k[0])
+            kv[1].index_copy_(1, write, v[0])
+        keys, values = kv[0, None, :, :span], kv[1, None, :, :span]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=self.head_dim ** -0.5,
                                              enable_gqa=self.kv_heads != self.heads)
         return w.o(out.transpose(1, 2).reshape(1, n, q_size))

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from .hardware import Hardware, detect
 from .kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies
-from .lean_forward import LeanForward, StaticKV
+from .lean_forward import OFF, LeanForward, StaticKV
 from .machine import DtypeChoice
 from .tree import TokenTree
 
@@ -55,12 +55,15 @@ class TargetModel:
         self.fast_linears: FastLinears | None = None
         self.lean: LeanForward | None = None
 
-    def use_lean(self, on: bool = True) -> str | None:
+    def use_lean(self, on: bool = True, graphs: bool = True) -> str | None:
         """Decode through the lean forward over a static cache (dart_core.lean_forward) where this model's family
-        allows it; off: transformers' forward. Returns why it is off (None when on). Call before `use_kernels`: the
-        plan chooses kernels for the lean forward's fused projections."""
+        allows it; off: transformers' forward. graphs: on a GPU, steps are captured as CUDA graphs (False: eager).
+        Returns why it is off (None when on). Call before `use_kernels`: the plan chooses kernels for the lean
+        forward's fused projections."""
         why = LeanForward.unsupported(self.model) if on else "off by request"
         self.lean = LeanForward(self.model) if why is None else None
+        if self.lean is not None and not graphs:
+            self.lean.graphs = OFF
         return why
 
     @property
@@ -93,6 +96,11 @@ class TargetModel:
         if self.lean is not None:
             return self.lean.new_cache(capacity)
         return DynamicCache(config=self.config)
+
+    def release(self, cache: DynamicCache | StaticKV) -> None:
+        """The decode that used `cache` is over (a static cache is kept for the next one)."""
+        if isinstance(cache, StaticKV) and self.lean is not None:
+            self.lean.release(cache)
 
     # ------------------------------------------------------------------ forwards
     @contextmanager

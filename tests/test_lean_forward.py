@@ -8,7 +8,8 @@ import torch
 
 from dart_core.decoding import GenerationConfig, run
 from dart_core.kernels import measure_plan
-from dart_core.lean_forward import LeanForward, StaticKV
+from dart_core.fixed_step import FIXED_BUCKETS
+from dart_core.lean_forward import EAGER, OFF, LeanForward, StaticKV
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
 from dart_core.setup import loading
@@ -20,10 +21,13 @@ from tests.test_engine_lossless import prompts
 FAMILIES = ("llama", "qwen2", "qwen3")
 
 
-def lean_pair(family: str, seed: int = 3):
-    """The same tiny model twice: on transformers' forward, and on the lean one."""
+def lean_pair(family: str, seed: int = 3, graphs: str = OFF):
+    """The same tiny model twice: on transformers' forward, and on the lean one (graphs: EAGER runs every step at
+    the fixed shapes a GPU captures as graphs; OFF at its own shapes)."""
     plain, lean = tiny_target(family, seed=seed), tiny_target(family, seed=seed)
     assert lean.use_lean() is None and lean.forward_kind == "lean" and plain.forward_kind == "transformers"
+    assert lean.lean.graphs == OFF    # on a CPU, unless asked
+    lean.lean.graphs = graphs
     return plain, lean
 
 
@@ -31,9 +35,10 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("graphs", [OFF, EAGER])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_prefill_tree_verify_and_commit_match_transformers_forward(family):
-    plain, lean = lean_pair(family)
+def test_prefill_tree_verify_and_commit_match_transformers_forward(family, graphs, one_thread):
+    plain, lean = lean_pair(family, graphs=graphs)
     ids = list(range(5, 25))
     caches = plain.new_cache(), lean.new_cache(capacity=8)           # too small: the static cache grows
     assert isinstance(caches[1], StaticKV) and not isinstance(caches[0], StaticKV)
@@ -62,9 +67,10 @@ def test_the_static_cache_refuses_edits_outside_what_it_holds():
     assert cache.capacity == 9 and cache.length == 3
 
 
+@pytest.mark.parametrize("graphs", [OFF, EAGER])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_dart_lookup_and_plain_decoding_through_it_are_lossless(family):
-    _, lean = lean_pair(family, seed=4)
+def test_greedy_dart_lookup_and_plain_decoding_through_it_are_lossless(family, graphs, one_thread):
+    _, lean = lean_pair(family, seed=4, graphs=graphs)
     ngram = NGramModel.build(prompts(30, lean.vocab_size, seed=9), vocab_size=lean.vocab_size, order=3)
     proposers = [VanillaProposer(), PromptLookupProposer(),
                  DartProposer(HeadDrafter(random_head(lean), lean), SearchConfig(node_budget=24), ngram),
@@ -101,3 +107,22 @@ def test_models_the_lean_forward_does_not_know_keep_transformers_forward(monkeyp
         loading.chosen_forward(None)
     monkeypatch.setenv(loading.FORWARD_ENV, "transformers")
     assert loading.chosen_forward(None) == "transformers" and loading.chosen_forward("lean") == "lean"
+
+
+def test_a_decode_hands_its_cache_back_with_its_fixed_step_for_the_next_one(one_thread):
+    _, lean = lean_pair("llama", graphs=EAGER)
+    proposer = DartProposer(HeadDrafter(random_head(lean), lean), SearchConfig(node_budget=12))
+    prompt = prompts(1, lean.vocab_size, seed=3)[0]
+    first = run(lean, proposer, prompt, GenerationConfig(max_new_tokens=12))
+    (cache,) = lean.lean._free
+    buckets = cache.fixed.buckets
+    assert buckets and set(buckets) <= set(FIXED_BUCKETS)
+    steps = run(lean, proposer, prompt, GenerationConfig(max_new_tokens=12))
+    assert steps.output_ids == first.output_ids
+    assert lean.lean._free == [cache] and cache.fixed.buckets is buckets  # reused: nothing prepared again
+
+    stream = iter(run.__globals__["generate"](lean, proposer, prompt, GenerationConfig(max_new_tokens=12)))
+    next(stream)
+    assert lean.lean._free == []          # in use
+    stream.close()                         # a caller that stops early (the app's stop button)
+    assert lean.lean._free == [cache]

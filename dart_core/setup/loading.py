@@ -37,8 +37,8 @@ from .models import DEFAULT_MODEL, ModelLoadError, dtype_name, load_model_and_to
 from .ngram_tables import ensure_default_ngram
 
 
-LEAN, TRANSFORMERS = "lean", "transformers"
-FORWARDS = (LEAN, TRANSFORMERS)
+LEAN, LEAN_EAGER, TRANSFORMERS = "lean", "lean-eager", "transformers"   # lean-eager: no CUDA graphs
+FORWARDS = (LEAN, LEAN_EAGER, TRANSFORMERS)
 FORWARD_ENV = "DART_FORWARD"   # the one switch back to transformers' own forward, for every command and the app
 
 
@@ -54,8 +54,8 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
     dart_core.setup.dtype_choice); the choice and its reason are in `target.dtype_choice`. hardware: what the
     kernels may use (default: what this machine has; tests turn capabilities on and off). rows_measured: where
     'fast' compares the dtypes on a CPU (kernels.DTYPE_ROWS for decoding, BATCH_ROWS for batched work). forward:
-    'lean' (our forward over a static cache, where the model's family allows) or 'transformers'; None reads
-    $DART_FORWARD, 'lean' by default."""
+    'lean' (our forward over a static cache where the model's family allows, its steps captured as CUDA graphs on a
+    GPU), 'lean-eager' (the same without graphs) or 'transformers'; None reads $DART_FORWARD, 'lean' by default."""
     forward = chosen_forward(forward)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here")
@@ -70,7 +70,7 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
         hf_model.to(parse_dtype(choice.dtype))
     target = TargetModel(hf_model, tokenizer, hardware)
     target.dtype_choice = choice
-    target.use_lean(forward == LEAN)
+    target.use_lean(forward != TRANSFORMERS, graphs=forward == LEAN)
     target.use_kernels(kernel_plan(target, recalibrate))
     return target
 
