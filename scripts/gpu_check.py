@@ -4,7 +4,7 @@ machine) the default model. One line per check and a summary; exit status 1 if a
     python -m scripts.gpu_check --device cuda     # what scripts/gpu-check.sh runs on a GPU (a few minutes)
     python -m scripts.gpu_check --device cpu --quick   # the same code paths on a CPU (the test suite runs this)
 
-Checks, per dtype (fp32, bf16, fp16):
+Checks, per dtype (fp32, bf16, fp16) and forward (transformers', and the lean one with its steps as CUDA graphs):
 - lossless: DART (our own head and a head in the DART authors' format, on Llama and Qwen3 targets) gives exactly
   the target's own greedy tokens in fp32; in bf16 / fp16 a tree verified in one batch may round differently from
   one token at a time at near-ties, so there the check is that most prompts agree token for token;
@@ -42,6 +42,7 @@ from dart_core.setup.tiny_models import plain_greedy_reference, random_head, tin
 from dart_core.tree_search import SearchConfig
 from dart_core.draft_head import DraftConfig, DraftHead
 from dart_core.head_formats import save_authors
+from dart_core.lean_forward import CUDA, EAGER
 from dart_core.target import TargetModel
 from tests.test_engine_lossless import prompts
 from tests.train_fixtures import save_tiny_qwen3, write_chats
@@ -62,9 +63,22 @@ class Report:
             self.failed.append(name)
 
 
+FORWARDS = ("transformers", "lean")
+
+
+def tiny_on(forward: str, family: str, dtype: str, device: str) -> TargetModel:
+    """A tiny target on transformers' forward or on the lean one; the lean one at fixed shapes, captured as CUDA
+    graphs on a GPU and run eagerly elsewhere (the path a GPU replays, rehearsed)."""
+    target = tiny_target(family, seed=3, dtype=DTYPES[dtype], device=device)
+    if forward == "lean":
+        target.use_lean()
+        target.lean.graphs = CUDA if device.startswith("cuda") else EAGER
+    return target
+
+
 def tiny_lossless(report: Report, device: str, dtype: str, n_prompts: int, folder: Path) -> None:
-    for family in ("llama", "qwen3"):
-        target = tiny_target(family, seed=3, dtype=DTYPES[dtype], device=device)
+    for forward, family in ((f, fam) for f in FORWARDS for fam in ("llama", "qwen3")):
+        target = tiny_on(forward, family, dtype, device)
         authors = DraftHead.random(DraftConfig.for_target(target.config, n_mask=3, tie_output=False,
                                                           double_norm=True), seed=2)
         save_authors(authors, folder / family)   # written by the project's writer, read by its reader
@@ -82,10 +96,10 @@ def tiny_lossless(report: Report, device: str, dtype: str, n_prompts: int, folde
                 timed &= all(min(s.timings.values()) >= 0 and sum(s.timings.values()) <= s.elapsed + 1e-3
                              for s in trace.steps)
             need = len(batch) if dtype == "fp32" else int(LOW_PRECISION_AGREEMENT * len(batch))
-            report.check(f"{dtype} {family} {name} lossless", same >= need,
+            report.check(f"{dtype} {forward} {family} {name} lossless", same >= need,
                          f"{same}/{len(batch)} prompts token-identical to the target's own greedy decoding "
                          f"({steps} steps)")
-            report.check(f"{dtype} {family} {name} timings", timed, "every phase timed, within the wall time")
+            report.check(f"{dtype} {forward} {family} {name} timings", timed, "every phase timed, within the wall time")
 
 
 def training_processes(device: str, quick: bool) -> int:
@@ -115,10 +129,11 @@ def tiny_training(report: Report, device: str, quick: bool, folder: Path) -> Non
     metrics = json.loads(metrics_file.read_text())
     report.check(f"training on {n} process(es)", metrics["world_size"] == n and metrics["steps"] == 4,
                  f"{metrics['steps']} steps, world size {metrics['world_size']}, head bf16 {metrics['head_bf16']}")
-    seconds = 60 * metrics["train_minutes"] if metrics["train_minutes"] else float("nan")
-    print(f"INFO  training: {metrics['tokens_seen']} anchor tokens in {seconds:.0f} s, "
-          f"{metrics['tokens_seen'] / seconds:.0f}/s (tiny target, {n} process(es), the evaluation included)",
-          flush=True)
+    # the sessions' own minutes: train_minutes is rounded to 0.1, which a run of seconds reads as none
+    seconds = 60 * sum(session.get("minutes", 0.0) for session in metrics["sessions"])
+    rate = f"{metrics['tokens_seen'] / seconds:.0f}/s" if seconds > 0 else "no time recorded"
+    print(f"INFO  training: {metrics['tokens_seen']} anchor tokens in {seconds:.1f} s, {rate} (tiny target, "
+          f"{n} process(es), the evaluation included)", flush=True)
     target = TargetModel(AutoModelForCausalLM.from_pretrained(str(folder / "model"), dtype=torch.float32)
                          .to(device).eval())
     head = load_draft(str(folder / "run" / "best"), target)

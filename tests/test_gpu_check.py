@@ -7,15 +7,18 @@ def test_the_device_check_passes_on_the_cpu(capsys):
     assert gpu_check.main(["--device", "cpu", "--quick"]) == 0
     out = capsys.readouterr().out
     assert "ALL CHECKS PASSED" in out
-    assert out.count("PASS ") == 10  # 2 targets x 2 head formats x (lossless, timings), training, its head
-    assert "training on 1 process(es)" in out and "anchor tokens in" in out
+    # 2 forwards x 2 targets x 2 head formats x (lossless, timings), training, its head
+    assert out.count("PASS ") == 18 and "PASS  fp32 lean qwen3 authors' head lossless" in out
+    assert "training on 1 process(es)" in out and "anchor tokens in" in out and " nan " not in out
 
 
 def test_the_device_check_fails_when_outputs_differ(capsys, monkeypatch):
     real = gpu_check.plain_greedy_reference
     monkeypatch.setattr(gpu_check, "plain_greedy_reference", lambda *a, **k: real(*a, **k)[:-1] + [0])
     assert gpu_check.main(["--device", "cpu", "--quick", "--skip-training"]) == 1
-    assert "FAIL  fp32 llama own head lossless: 0/3" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FAIL  fp32 transformers llama own head lossless: 0/3" in out
+    assert "FAIL  fp32 lean llama own head lossless: 0/3" in out
 
 
 def test_cuda_asked_for_without_cuda_is_one_clear_line(capsys, monkeypatch):
@@ -31,3 +34,20 @@ def test_a_training_run_that_fails_is_a_failed_check(tmp_path, capsys, monkeypat
     gpu_check.tiny_training(report, "cpu", True, tmp_path)
     assert report.failed == ["training on 1 process(es)"]
     assert "FAIL  training on 1 process(es): exit 1: RuntimeError: NCCL error" in capsys.readouterr().out
+
+
+def test_the_speed_table_runs_every_configuration_on_the_cpu(tmp_path, capsys, monkeypatch):
+    from scripts import gpu_speed
+    from tests.train_fixtures import save_tiny_qwen3
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
+    save_tiny_qwen3(tmp_path / "model")
+    assert gpu_speed.main(["--device", "cpu", "--model", str(tmp_path / "model"), "--draft", "random", "--ngram",
+                           "none", "--prompts", "1", "--max-new-tokens", "6", "--out", str(tmp_path / "out")]) == 0
+    summary = gpu_speed.json.loads((tmp_path / "out" / "gpu-speed.json").read_text())
+    assert [(r["config"], r["method"]) for r in summary["rows"]][:4] == \
+        [("lean", m) for m in ("hf_generate", "vanilla", "dart", "dart_pld")]
+    assert {r["config"] for r in summary["rows"]} == {c.name for c in gpu_speed.CONFIGS}
+    assert all(r["identical"] == r["compared"] == 2 for r in summary["rows"])    # greedy fp32: lossless, all
+    dart = next(r for r in summary["rows"] if (r["config"], r["method"]) == ("lean", "dart"))
+    assert set(dart["ms_per_step"]) == set(gpu_speed.PHASES) and dart["vs_our_plain"] > 0
+    assert "ms/step draft/search/verify/accept" in capsys.readouterr().out
