@@ -84,8 +84,7 @@ def test_every_cli_trace_replays_in_the_app(method, cli_traces):
     if uses_head(method):       # what-if with the step's own knobs rebuilds the recorded trees (greedy replay)
         search = lane.trace.settings.search
         for step in [s for s in lane.trace.steps[1:] if s.rows_tokens is not None]:   # budget 0: nothing drafted
-            wi = cb.what_if(session, lane.key, step.index, step.budget.nodes, search.beam_width, search.topk,
-                            search.ngram_weight, search.level_exponent, search.logit_decay)
+            wi = cb.what_if(session, lane.key, step.index, {**search.to_dict(), "node_budget": step.budget.nodes})
             assert "recorded greedy output" in wi["wi_info"]
             assert f"Recorded</b>: {len(step.tree) - 1} nodes, {step.accepted} accepted" in wi["wi_info"]
             assert f"What-if</b>: {len(step.tree) - 1} nodes, {step.accepted} accepted" in wi["wi_info"]
@@ -97,7 +96,8 @@ def test_what_if_on_a_cli_trace_verifies_with_the_loaded_model(cli_traces, model
     cb.upload(session, [str(cli_traces["dart_pld"])])
     trace = session.lane("dart").trace
     step = max(trace.steps[1:], key=lambda s: s.accepted)
-    wi = cb.what_if(session, "dart", step.index, 20, 20, 25, 0.5, 0.7, 0.9)
+    wi = cb.what_if(session, "dart", step.index, dict(node_budget=20, beam_width=20, topk=25, ngram_weight=0.5,
+                                                      level_exponent=0.7, logit_decay=0.9))
     assert "verified with one target forward" in wi["wi_info"]
 
 
