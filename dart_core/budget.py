@@ -32,7 +32,9 @@ from .settled import Pool, expected_rate
 from .step_budget import BudgetChoice, CurveFix
 from .tree_search import Candidates
 
-MAX_BUDGET = 60          # the reference's tree size: the largest budget considered
+MAX_BUDGET = 60          # the reference's tree size: the largest budget considered on a CPU
+GPU_MAX_BUDGET = 255     # on a GPU a verify of 256 rows can cost about what one row does: trees up to the largest
+                         # fixed-shape bucket (dart_core.fixed_step) are considered
 RECHOOSE_EVERY = 4       # verify steps between two choices (each choice uses every step settled so far)
 MIN_STEPS = 2            # settled steps before the first choice replaces the starting budget
 WHOLE = 2**31 - 1        # "the whole branch", where its length is not chosen
@@ -43,6 +45,11 @@ PROBE_EVERY = 8          # while plain decoding is chosen, draft one step in thi
 PLAIN_MARGIN = 1.1
 CHECK_STEPS = 8          # verify steps whose measured times are held against the curve at once (their median)
 CURVE_TOLERANCE = 1.5    # measured / predicted beyond this (or below its inverse): the curve disagrees with the run
+
+
+def max_budget_for(device_type: str) -> int:
+    """The largest node budget the automatic budget considers on this kind of device."""
+    return GPU_MAX_BUDGET if device_type == "cuda" else MAX_BUDGET
 
 
 @dataclass

@@ -264,3 +264,16 @@ def test_decoding_corrects_a_wrong_curve_and_stays_lossless():
     assert fig.data[0].y[0] == pytest.approx(1.0) and fig.data[0].y[-1] == pytest.approx(1.0)
     fixed = next(s for s in trace.steps[1:] if s.budget.curve is not None)
     assert "the cost curve was re-measured: verifies took" in fixed.budget.text()
+
+
+def test_on_a_gpu_the_budget_may_grow_to_the_largest_fixed_shape_bucket(monkeypatch):
+    from dart_core.budget import GPU_MAX_BUDGET, MAX_BUDGET, max_budget_for
+    from dart_core.fixed_step import FIXED_BUCKETS
+    from dart_core.setup.calibration import curve_rows
+    assert GPU_MAX_BUDGET + 1 == FIXED_BUCKETS[-1] == curve_rows("cuda")[-1]     # a tree and its root: one bucket
+    assert max_budget_for("cpu") == MAX_BUDGET and curve_rows("cpu")[-1] == 64
+    target = tiny_target("llama", seed=2)
+    monkeypatch.setattr(loading, "cost_curve", lambda *a, **k: FLAT)
+    monkeypatch.setattr(loading, "max_budget_for", lambda device_type: GPU_MAX_BUDGET)   # as on a GPU
+    auto = loading.auto_budget(target, "tiny", DraftSettings(SearchConfig(node_budget=60), True))
+    assert auto.max_budget == GPU_MAX_BUDGET and len(auto.budgets) == GPU_MAX_BUDGET + 1

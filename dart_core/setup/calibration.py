@@ -27,6 +27,7 @@ from .defaults import cache_root
 from .files import write_atomic
 
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # verify sizes (tree nodes + root) measured
+GPU_CURVE_ROWS = CURVE_ROWS + (96, 128, 192, 256)          # on a GPU, up to the largest budget it considers
 CURVE_ROUNDS = 3           # timed passes over every size, interleaved (a slow moment hits all sizes alike); median
 CURVE_FIT = "median3+isotonic"   # how the cached curve was made: a curve made another way is measured again
 FORMAT = "dart-lab-calibration/1"
@@ -93,11 +94,16 @@ def kernel_plan(target: TargetModel, recalibrate: bool = False) -> KernelPlan | 
     return plan if plan.choices else None
 
 
+def curve_rows(device_type: str) -> tuple[int, ...]:
+    return GPU_CURVE_ROWS if device_type == "cuda" else CURVE_ROWS
+
+
 @torch.inference_mode()
-def measure_cost_curve(target: TargetModel, rows=CURVE_ROWS, context: int = CURVE_CONTEXT,
+def measure_cost_curve(target: TargetModel, rows: tuple[int, ...] | None = None, context: int = CURVE_CONTEXT,
                        rounds: int = CURVE_ROUNDS) -> CostCurve:
     """Time one verify forward of k tokens (a chain: the mask does not change the cost) after `context` tokens:
     `rounds` passes over every size after a warm-up pass, the median per size, fitted never to decrease."""
+    rows = rows or curve_rows(target.device.type)
     context = min(context, target.max_positions - max(rows) - 1)
     cache = target.new_cache()
     ids = [i % target.vocab_size for i in range(100, 100 + context)]
@@ -124,7 +130,7 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
     # who applies the output layer too: ours (its kernel in the plan) or the model's own forward
     output = "own-output-layer" if target.own_output_layer else "model"
     name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}|{output}|"
-                                       f"{CURVE_FIT}|{target.forward_kind}")
+                                       f"{CURVE_FIT}|{target.forward_kind}|{curve_rows(target.device.type)}")
     return cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
                    "the verify cost curve")
 

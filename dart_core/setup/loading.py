@@ -14,7 +14,7 @@ from functools import cached_property
 import torch
 
 from ..acceptance import SamplingConfig
-from ..budget import RECHOOSE_EVERY, AutoBudget
+from ..budget import RECHOOSE_EVERY, AutoBudget, max_budget_for
 from ..draft_head import DraftConfig, DraftHead, DraftHeadError
 from ..context_ngram import ContextNGram
 from ..errors import DartError
@@ -184,6 +184,7 @@ def auto_budget(target: TargetModel, model_name: str, settings: DraftSettings, r
     """A node budget chosen as the run goes, on this machine's measured verify cost curve (measured once, cached;
     measured again if the run's own verify times disagree with it), starting from search.node_budget."""
     return AutoBudget(cost_curve(target, model_name, recalibrate), start=settings.search.node_budget,
+                      max_budget=max_budget_for(target.device.type),
                       remeasure=lambda: cost_curve(target, model_name, recalibrate=True),
                       rechoose_every=settings.rechoose_every)
 

@@ -7,6 +7,7 @@ one line on stderr. Anything else is a bug: its traceback is printed and the exi
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from ..errors import DartError
 from . import bench, generate, ngram, report, train
@@ -14,7 +15,9 @@ from .args import Parser, resolve_model_names
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="python -m dart_core", description="DART speculative decoding engine")
+    installed = Path(sys.argv[0]).name == "dart-lab"     # the command pip installs, or `python -m dart_core`
+    parser = Parser(prog="dart-lab" if installed else "python -m dart_core",
+                    description="DART speculative decoding engine")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in (generate, bench, ngram, train, report):
         command.register(sub)
