@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .machine import CostCurve
+from .machine.records import CostCurve
 from .settled import Pool, expected_rate
 from .step_budget import BudgetChoice, CurveFix
 from .tree_search import Candidates

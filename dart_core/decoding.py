@@ -15,7 +15,7 @@ from .errors import ConfigError
 from .fixed_step import FIXED_BUCKETS
 from .proposers import Proposer
 from .target import TargetModel
-from .timing import PhaseClock
+from .machine.timing import PhaseClock
 from .trace import RunSettings, StepRecord, Trace
 
 

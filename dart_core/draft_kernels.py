@@ -20,7 +20,7 @@ import weakref
 import torch
 
 from .draft_head import DraftCache, DraftHead
-from .hardware import Hardware
+from .machine.hardware import Hardware
 
 # The head's linears that are quantized: all of them (the norms and the mask embedding stay as they are).
 LINEARS = ("fc", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")

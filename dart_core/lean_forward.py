@@ -30,7 +30,7 @@ OFF, EAGER, CUDA = "off", "eager", "cuda"
 @dataclass
 class LayerWeights:
     """One decoder layer's parameters as the lean forward uses them. The projections are nn.Linear modules, so that
-    the kernel plan (dart_core.kernels.FastLinears) can put each on the kernel measured fastest for its rows."""
+    the kernel plan (dart_core.machine.kernels.FastLinears) can put each on the kernel measured fastest for its rows."""
     norm_in: torch.Tensor
     qkv: torch.nn.Linear              # q, k and v projections stacked: [(H + 2 KV) d, hidden]
     q_norm: torch.Tensor | None       # Qwen3 normalizes each head's q and k before the rotation

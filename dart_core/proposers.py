@@ -21,7 +21,7 @@ from .context_ngram import ContextNGram
 from .draft_head import DraftCache, DraftHead
 from .draft_kernels import int8_copy, int8_supported
 from .errors import ConfigError
-from .kernels import onednn_applies, packed_linear
+from .machine.kernels import onednn_applies, packed_linear
 from .methods import DART, DART_PLD, PLD, VANILLA
 from .ngram import NGramModel
 from .step_budget import CurveFix, StepBudget

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .machine import CostCurve
+from .machine.records import CostCurve
 from .trace import StepRecord, Trace
 from .tree_search import Candidates
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from .machine import CostCurve
+from .machine.records import CostCurve
 
 
 @dataclass

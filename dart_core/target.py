@@ -12,10 +12,10 @@ from contextlib import contextmanager, nullcontext
 import torch
 from transformers import DynamicCache
 
-from .hardware import Hardware, detect
-from .kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies
+from .machine.hardware import Hardware, detect
+from .machine.kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies
 from .lean_forward import OFF, LeanForward, StaticKV
-from .machine import DtypeChoice
+from .machine.records import DtypeChoice
 from .tree import TokenTree
 
 

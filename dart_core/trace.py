@@ -19,7 +19,7 @@ import numpy as np
 
 from .acceptance import SamplingConfig
 from .errors import DartError
-from .machine import MachineRecord
+from .machine.records import MachineRecord
 from .methods import DART, DART_PLD, METHODS
 from .step_budget import StepBudget
 from .tree import TokenTree

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from dart_core.hardware import detect
+from dart_core.machine.hardware import detect
 from dart_core.setup.loading import load_target
 from dart_core.tree import TokenTree
 

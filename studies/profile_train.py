@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dart_core.kernels import BATCH_ROWS  # noqa: E402
-from dart_core.machine import dtype_spelling  # noqa: E402
+from dart_core.machine.kernels import BATCH_ROWS  # noqa: E402
+from dart_core.machine.records import dtype_spelling  # noqa: E402
 from dart_core.setup.loading import load_target, stop_ids  # noqa: E402
 from dart_core.tools.train import gather_records, unigram_counts  # noqa: E402
 from dart_core.training import trainer as trainer_mod  # noqa: E402

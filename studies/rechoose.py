@@ -16,7 +16,7 @@ import time
 
 from dart_core.budget import RECHOOSE_EVERY
 from dart_core.decoding import GenerationConfig, run
-from dart_core.hardware import detect
+from dart_core.machine.hardware import detect
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.datasets import iter_sharegpt
 from dart_core.setup.defaults import default_search_config

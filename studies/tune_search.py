@@ -27,7 +27,7 @@ import numpy as np
 
 from dart_core.budget import MAX_BUDGET
 from dart_core.decoding import GenerationConfig, run
-from dart_core.machine import CostCurve
+from dart_core.machine.records import CostCurve
 from dart_core.ngram import NGramModel
 from dart_core.proposers import PromptLookupProposer
 from dart_core.settled import Pool, expected_rate, settled_steps

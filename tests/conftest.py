@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from dart_core.hardware import detect
+from dart_core.machine.hardware import detect
 from tests.app_fixtures import big_search_trace, hand_trace, tiny_traces
 
 # The CPU paths the engine takes only where a capability exists. `capable` turns them all on: real kernels where this
-# CPU has them, stand-ins (dart_core.kernels.STAND_IN_OPS) where it does not, so every path runs on every machine.
+# CPU has them, stand-ins (dart_core.machine.kernels.STAND_IN_OPS) where it does not, so every path runs on every
+# machine.
 GATED = ("onednn", "onednn_bf16")
 _used_by: list[str] = []
 _reported: list[str] = []    # measurements that tests report (not assert on), shown at the end of the run

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from dart_core.budget import AutoBudget
-from dart_core.machine import CostCurve
+from dart_core.machine.records import CostCurve
 from dart_core.proposers import DartProposer
 from dart_core.setup.tiny_models import OracleDrafter, tiny_target
 from dart_core.tools.bench import BenchPrompt, build_report, format_table

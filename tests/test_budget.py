@@ -15,7 +15,7 @@ from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer
 from dart_core.methods import DART_PLD
-from dart_core.machine import CostCurve, MachineRecord
+from dart_core.machine.records import CostCurve, MachineRecord
 from dart_core.setup.calibration import measure_cost_curve, monotone_fit
 from dart_core.setup.defaults import LOOKUP_LONGEST, LOOKUP_TOKENS
 from dart_core.setup import loading

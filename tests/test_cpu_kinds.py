@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dart_core.hardware import CPU_KINDS, ISA_LIMIT_VARIABLES, cpu_kind, detect, kinds_below
+from dart_core.machine.hardware import CPU_KINDS, ISA_LIMIT_VARIABLES, cpu_kind, detect, kinds_below
 
 ROOT = Path(__file__).resolve().parent.parent
 # the modules whose paths are gated on what the CPU can do: kernel choice and packing, dtype choice, int8 drafting
@@ -91,7 +91,7 @@ def test_the_cpu_dependent_tests_pass_as_an_older_cpu_kind(kind, report):
 
 
 def test_the_kinds_are_told_apart_from_torch_and_the_flags(monkeypatch):
-    monkeypatch.setattr("dart_core.hardware.cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
+    monkeypatch.setattr("dart_core.machine.hardware.cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     assert cpu_kind("DEFAULT", False) == "x86-64"
@@ -102,7 +102,7 @@ def test_the_kinds_are_told_apart_from_torch_and_the_flags(monkeypatch):
                         ("AVX512_CORE_AMX", "amx"), ("avx512_core_bf16", "avx512-bf16")):
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
         assert cpu_kind("AVX512", True) == kind, limit
-    monkeypatch.setattr("dart_core.hardware.cpu_flags", lambda: frozenset({"avx512f"}))   # a Cascade Lake
+    monkeypatch.setattr("dart_core.machine.hardware.cpu_flags", lambda: frozenset({"avx512f"}))   # a Cascade Lake
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     assert cpu_kind("AVX512", True) == "avx512"
     assert kinds_below("avx512-bf16") == ["x86-64", "avx2", "avx512"] and kinds_below("x86-64") == []

@@ -14,7 +14,7 @@ from dart_core.draft_kernels import int8_copy, int8_supported
 from dart_core.errors import ConfigError
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup import calibration
-from dart_core.machine import DraftKernelChoice
+from dart_core.machine.records import DraftKernelChoice
 from dart_core.setup.calibration import draft_int8_choice
 from dart_core.target import TargetModel
 from dart_core.tree_search import SearchConfig

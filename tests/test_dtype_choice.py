@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dart_core.decoding import GenerationConfig, run
-from dart_core.hardware import detect
-from dart_core.kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
+from dart_core.machine.hardware import detect
+from dart_core.machine.kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
 from dart_core.proposers import DartProposer, VanillaProposer
 from dart_core.setup import dtype_choice
 from dart_core.setup.calibration import machine_record
@@ -116,7 +116,7 @@ def test_batched_work_measures_at_its_own_rows_and_caches_apart(tmp_path, monkey
     """Training and batched generation compare the dtypes at BATCH_ROWS: a CPU without native bf16 can win at one
     row in bf16 (half the bytes) and lose many times over at a training sequence's rows (the AVX2 EPYC: 26 against
     120 anchor tokens/s, docs/training.md)."""
-    from dart_core.kernels import BATCH_ROWS
+    from dart_core.machine.kernels import BATCH_ROWS
     from dart_core.tools.train import _load
     from tests.train_fixtures import save_tiny_qwen3
 

@@ -13,7 +13,7 @@ from dart_core.decoding import GenerationConfig, generate, run
 from dart_core.draft_head import DraftCache, DraftHead, DraftHeadError
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, VanillaProposer
-from dart_core.kernels import ONEDNN, ROW_BUCKETS, KernelPlan, shape_key
+from dart_core.machine.kernels import ONEDNN, ROW_BUCKETS, KernelPlan, shape_key
 from dart_core.target import TargetModel
 from dart_core.trace import RunSettings, Trace, TraceError
 from dart_core.tree import TokenTree

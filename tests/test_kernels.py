@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from dart_core.decoding import GenerationConfig, run
-from dart_core.hardware import Hardware, detect
-from dart_core.kernels import DEFAULT, ONEDNN, ONEDNN_OPS, ROW_BUCKETS, STAND_IN_OPS, KernelPlan, PackedLinear, \
-    available_kernels, decoder_linears, measure_plan, pack_ops, shape_key
+from dart_core.machine.hardware import Hardware, detect
+from dart_core.machine.kernels import DEFAULT, ONEDNN, ONEDNN_OPS, ROW_BUCKETS, STAND_IN_OPS, KernelPlan, \
+    PackedLinear, available_kernels, decoder_linears, measure_plan, pack_ops, shape_key
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup import calibration
-from dart_core.machine import CostCurve
+from dart_core.machine.records import CostCurve
 from dart_core.setup.calibration import measure_cost_curve
-from dart_core.kernels import onednn_applies
+from dart_core.machine.kernels import onednn_applies
 from dart_core.target import TargetModel
 from dart_core.tree_search import SearchConfig
 from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, random_head, tiny_target

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dart_core.decoding import GenerationConfig, run
-from dart_core.kernels import measure_plan
+from dart_core.machine.kernels import measure_plan
 from dart_core.fixed_step import FIXED_BUCKETS
 from dart_core.lean_forward import EAGER, OFF, LeanForward, StaticKV
 from dart_core.ngram import NGramModel

@@ -21,7 +21,7 @@ import pytest
 from app.whatif import what_if
 from dart_core.budget import AutoBudget
 from dart_core.forensics import run_forensics
-from dart_core.machine import CostCurve
+from dart_core.machine.records import CostCurve
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import PromptLookupProposer

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dart_core.machine import CostCurve
+from dart_core.machine.records import CostCurve
 from dart_core.ngram import NGramModel
 from dart_core.settled import Pool, expected_rate, settled_step, settled_steps
 from dart_core.step_budget import StepBudget

@@ -18,9 +18,9 @@ import torch
 
 from ..draft_kernels import int8_copy, int8_supported, time_head
 from ..errors import ConfigError
-from ..hardware import Hardware
-from ..kernels import KernelPlan, decoder_linears, measure_plan, onednn_applies, packed_linear, shape_key
-from ..machine import CURVE_CONTEXT, CostCurve, DraftKernelChoice, MachineRecord, dtype_spelling
+from ..machine.hardware import Hardware
+from ..machine.kernels import KernelPlan, decoder_linears, measure_plan, onednn_applies, packed_linear, shape_key
+from ..machine.records import CURVE_CONTEXT, CostCurve, DraftKernelChoice, MachineRecord, dtype_spelling
 from ..target import TargetModel
 from ..tree import TokenTree
 from .defaults import cache_root

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from ..hardware import Hardware
-from ..kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
-from ..machine import DtypeChoice
+from ..machine.hardware import Hardware
+from ..machine.kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
+from ..machine.records import DtypeChoice
 from .calibration import cached, model_key
 
 AUTO, FAST = "auto", "fast"

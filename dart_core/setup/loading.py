@@ -18,10 +18,10 @@ from ..budget import RECHOOSE_EVERY, AutoBudget, max_budget_for
 from ..draft_head import DraftConfig, DraftHead, DraftHeadError
 from ..context_ngram import ContextNGram
 from ..errors import DartError
-from ..hardware import Hardware, detect
+from ..machine.hardware import Hardware, detect
 from ..head_formats import load_head
-from ..kernels import DTYPE_ROWS
-from ..machine import DraftKernelChoice
+from ..machine.kernels import DTYPE_ROWS
+from ..machine.records import DraftKernelChoice
 from ..methods import DART_PLD, METHODS, PLD, VANILLA, uses_head
 from ..ngram import NGramModel
 from ..ngram_trie import read_trie

@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 from ..draft_head import DraftHeadError
 from ..head_formats import authors_compatible, load_head
 from ..jsonl import read_jsonl
-from ..kernels import BATCH_ROWS
+from ..machine.kernels import BATCH_ROWS
 from ..setup.loading import load_ngram, load_target, stop_ids
 from ..setup.models import resolve_model_path
 from ..training import distributed

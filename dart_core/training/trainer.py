@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from ..draft_head import DraftConfig, DraftHead
 from ..errors import DartError
-from ..hardware import detect
+from ..machine.hardware import detect
 from ..head_formats import save_authors
 from ..target import TargetModel
 from . import distributed

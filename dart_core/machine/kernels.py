@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .hardware import Hardware
-from .machine import KernelsInUse
+from .records import KernelsInUse
 
 DEFAULT, ONEDNN = "default", "onednn"
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)   # rows measured; a forward of r rows uses the first bucket >= r

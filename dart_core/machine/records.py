@@ -142,8 +142,8 @@ class DraftKernelChoice:
 
 @dataclass
 class KernelsInUse:
-    """The kernel plan in force (dart_core.kernels.FastLinears): per linear shape, the kernel at each row bucket, and
-    the memory of the packed weight copies."""
+    """The kernel plan in force (dart_core.machine.kernels.FastLinears): per linear shape, the kernel at each row
+    bucket, and the memory of the packed weight copies."""
     buckets: tuple[int, ...]
     choices: dict[str, list[str]]
     extra_mb: float = 0.0
