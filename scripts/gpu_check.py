@@ -41,7 +41,7 @@ from dart_core.setup.loading import DraftSettings, load, load_draft
 from dart_core.setup.tiny_models import plain_greedy_reference, random_head, tiny_target
 from dart_core.tree_search import SearchConfig
 from dart_core.draft_head import DraftConfig, DraftHead
-from dart_core.head_formats import save_authors
+from dart_core.formats.head_formats import save_authors
 from dart_core.lean_forward import CUDA, EAGER
 from dart_core.target import TargetModel
 from tests.test_engine_lossless import prompts

@@ -11,7 +11,7 @@ from dart_core.acceptance import SamplingConfig
 from dart_core.decoding import GenerationConfig, run
 from dart_core.draft_head import DraftHeadError
 from dart_core.draft_head import DraftConfig, DraftHead
-from dart_core.head_formats import AUTHORS, head_format, load_head, save_authors
+from dart_core.formats.head_formats import AUTHORS, head_format, load_head, save_authors
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup.loading import load_draft

@@ -4,7 +4,7 @@ stop and never a failure, so a file a long run was writing when it was killed ke
 import gzip
 import json
 
-from dart_core.jsonl import JsonLines, append_jsonl, read_jsonl, write_jsonl
+from dart_core.formats.jsonl import JsonLines, append_jsonl, read_jsonl, write_jsonl
 
 
 def test_a_bad_line_is_skipped_and_named_and_reading_goes_on(tmp_path, capsys):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dart_core.ngram import UNSEEN, NGramError, NGramModel
-from dart_core.ngram_trie import read_trie, write_trie
+from dart_core.formats.ngram_trie import read_trie, write_trie
 from dart_core.tools.cli import main
 
 VOCAB = 12
@@ -190,7 +190,7 @@ def test_reduced_tries_read_with_their_freqs(tmp_path, order):
 
 def test_small_chunks_and_big_records(tmp_path, monkeypatch):
     """A record larger than the read buffer (the root's child list) and many buffer refills."""
-    import dart_core.ngram_trie as nt
+    import dart_core.formats.ngram_trie as nt
     monkeypatch.setattr(nt, "CHUNK_BYTES", 64)
     data = streams(7, count=20, vocab=300)
     path = write(tmp_path, ref_trie(3, data).to_bytes(shuffle_seed=1))

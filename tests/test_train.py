@@ -476,7 +476,7 @@ def test_a_checkpoint_resumes_only_in_its_own_format(data, tmp_path):
 
 
 def test_generated_responses_are_greedy_resume_and_skip_prompts_answered_before(tmp_path, monkeypatch):
-    from dart_core.jsonl import JsonLines
+    from dart_core.formats.jsonl import JsonLines
     from dart_core.training.data import ResponseSettings, generate_responses, sharegpt_prompts
     from tests.train_fixtures import _text, word_tokenizer
 

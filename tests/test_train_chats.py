@@ -1,6 +1,6 @@
 """A user's own chats as training data (--chats), and what the trainer refuses in one line: a target it does not
 serve, a missing file, a conversation with no reply to learn from, a file with none; a line that is not JSON is
-skipped and named (dart_core.jsonl's rule for every JSON Lines file)."""
+skipped and named (dart_core.formats.jsonl's rule for every JSON Lines file)."""
 
 import json
 

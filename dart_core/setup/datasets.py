@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DartError
-from ..jsonl import JsonLines, read_jsonl
+from ..formats.jsonl import JsonLines, read_jsonl
 
 
 class DatasetError(DartError):

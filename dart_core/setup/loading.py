@@ -19,12 +19,12 @@ from ..draft_head import DraftConfig, DraftHead, DraftHeadError
 from ..context_ngram import ContextNGram
 from ..errors import DartError
 from ..machine.hardware import Hardware, detect
-from ..head_formats import load_head
+from ..formats.head_formats import load_head
 from ..machine.kernels import DTYPE_ROWS
 from ..machine.records import DraftKernelChoice
 from ..methods import DART_PLD, METHODS, PLD, VANILLA, uses_head
 from ..ngram import NGramModel
-from ..ngram_trie import read_trie
+from ..formats.ngram_trie import read_trie
 from ..proposers import DartProposer, HeadDrafter, PromptLookupProposer, Proposer, VanillaProposer
 from ..target import TargetModel
 from ..trace import RunSettings, Trace

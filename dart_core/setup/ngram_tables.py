@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
-from ..jsonl import JsonLines
+from ..formats.jsonl import JsonLines
 from ..ngram import NGramError, NGramModel
 from .chat import chat_text
 from .datasets import iter_sharegpt

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from ..ngram import NGramModel
-from ..ngram_trie import read_trie, write_trie
+from ..formats.ngram_trie import read_trie, write_trie
 from ..setup.files import check_writable, write_atomic
 from ..setup.ngram_tables import (DEFAULT_MIN_COUNT, DEFAULT_ORDER, DEFAULT_SOURCES, build_table,
                                   load_tokenizer_and_vocab, parse_sources, save_atomic)

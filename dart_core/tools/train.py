@@ -24,8 +24,8 @@ import torch
 from transformers import AutoTokenizer
 
 from ..draft_head import DraftHeadError
-from ..head_formats import authors_compatible, load_head
-from ..jsonl import read_jsonl
+from ..formats.head_formats import authors_compatible, load_head
+from ..formats.jsonl import read_jsonl
 from ..machine.kernels import BATCH_ROWS
 from ..setup.loading import load_ngram, load_target, stop_ids
 from ..setup.models import resolve_model_path

@@ -7,7 +7,8 @@ Every assistant turn after at least one other turn becomes one training record: 
 prompt (in the target's chat template), that reply as the response. A conversation the trainer cannot use (no
 turns, an unknown role, content that is not text, no assistant reply) stops the run with one line naming the file
 and the line: training on half of a file by mistake costs hours. A line that is not JSON at all is skipped and named
-in a warning, as in every JSON Lines file (dart_core.jsonl says why); a file with no conversation left stops the run.
+in a warning, as in every JSON Lines file (dart_core.formats.jsonl says why); a file with no conversation left stops
+the run.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import DartError
-from ..jsonl import JsonLines, warn_skipped
+from ..formats.jsonl import JsonLines, warn_skipped
 from .data import turns_record
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "human": "user", "gpt": "assistant"}

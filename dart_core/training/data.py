@@ -35,7 +35,7 @@ import torch
 from tqdm import tqdm
 
 from ..decoding import cut_at_stop
-from ..jsonl import append_jsonl, read_jsonl
+from ..formats.jsonl import append_jsonl, read_jsonl
 from ..setup.chat import chat_ids
 from ..setup.datasets import CODE_COMPLETION_PROMPT, iter_sharegpt
 from ..target import TargetModel

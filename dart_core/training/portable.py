@@ -18,7 +18,7 @@ import json
 import platform
 from pathlib import Path
 
-from ..jsonl import JsonLines, warn_skipped, write_jsonl
+from ..formats.jsonl import JsonLines, warn_skipped, write_jsonl
 from .data import fixed_heldout, same_source, sharegpt_prompts, sharegpt_sequences, stdlib_code_sequences
 
 HELDOUT, TEXT, PROMPTS, MANIFEST = "heldout.jsonl", "text.jsonl.gz", "prompts.jsonl.gz", "export.json"

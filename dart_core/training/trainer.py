@@ -35,7 +35,7 @@ from tqdm import tqdm
 from ..draft_head import DraftConfig, DraftHead
 from ..errors import DartError
 from ..machine.hardware import detect
-from ..head_formats import save_authors
+from ..formats.head_formats import save_authors
 from ..target import TargetModel
 from . import distributed
 from .head_forward import TrainingForward

@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ...jsonl import JsonLines, append_jsonl
+from ...formats.jsonl import JsonLines, append_jsonl
 from ...metrics import Metrics
 from ..args import CliError
 from .prompts import BenchPrompt, ident_tuple, prompt_ident, skip_prompt

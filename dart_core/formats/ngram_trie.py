@@ -25,7 +25,7 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
-from .ngram import NGramError, NGramModel, key_bits
+from ..ngram import NGramError, NGramModel, key_bits
 
 MAX_ORDER = 64            # a packed key holds at most 64 one-bit tokens; anything above is not a trie of ours
 NODE_WORDS = 6            # i32 token, u64 parent, i32 freq, u64 n_children

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .draft_head import (CONFIG_FILE, FORMAT, WEIGHTS_FILE, DraftConfig, DraftHead, DraftHeadError, read_config,
+from ..draft_head import (CONFIG_FILE, FORMAT, WEIGHTS_FILE, DraftConfig, DraftHead, DraftHeadError, read_config,
                          read_weights)
 
 AUTHORS = "the DART authors' format"
