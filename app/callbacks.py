@@ -20,6 +20,7 @@ from pathlib import Path
 import gradio as gr
 
 from dart_core.errors import DartError
+from dart_core.forensics.what_if import HOW_TEXT, is_greedy, what_if
 from dart_core.methods import DART, LANE_ORDER, LANES, PLD, VANILLA, lane_of
 from dart_core.setup.loading import DraftSettings
 from dart_core.trace import Trace, TraceError, check_trace
@@ -35,7 +36,6 @@ from .lanes import DONE, ERROR, STOPPED, Lane, lane_stats, lane_status_text, rep
 from .options import TREE_KNOB_NAMES, OptionError, check_knob, check_prompt, sampling_from, search_from
 from .request import RunRequest
 from .session import Session, SessionStore, freed_text
-from .whatif import HOW_TEXT, is_greedy, what_if
 
 log = logging.getLogger(__name__)
 

@@ -8,23 +8,20 @@ tokens of the target's path as have a pool rank below b. A prompt-lookup branch 
 and accepts at least its agreement with the target; it depends on the context alone, so a branch of every length
 (its first L tokens) is read off one lookup of the longest.
 
-One place for it, read by the automatic budget (dart_core.budget, as the run goes), the forensics (from a trace),
-the app's what-if and studies/tune_search.py:
+One place for it, read by the automatic budget (dart_core.budget, as the run goes), the forensics (from a trace,
+with its steps as dart_core.forensics.replay gives them; a step's own branch is `StepRecord.lookup_branch`) and
+studies/tune_search.py:
 - `Pool`: a step's candidates as the replays read them, with `accepted` / `accepted_by_length`;
-- `settled_steps(trace)`: the recorded steps that drafted, each with its context and the target's continuation
-  (`SettledStep`); a step's own branch is `StepRecord.lookup_branch`;
 - `expected_rate`: tokens per second from tokens per step, tree nodes, drafting time and the cost curve t(k).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from .machine.records import CostCurve
-from .trace import StepRecord, Trace
 from .tree_search import Candidates
 
 
@@ -103,33 +100,3 @@ def _padded(ranks: np.ndarray, n: int) -> np.ndarray:
     out = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
     out[:len(ranks)] = ranks
     return out
-
-
-@dataclass
-class SettledStep:
-    """A recorded step with what the target said after its root."""
-    index: int
-    step: StepRecord
-    context: list[int]          # the committed tokens, ending with the step's root
-    future: list[int]           # the target's tokens after the root (as many as were asked for and recorded)
-
-
-def settled_steps(trace: Trace, ahead: int | None = None, whole: bool = False) -> Iterator[SettledStep]:
-    """The steps that drafted (their draft rows recorded), in order, each with its context and the tokens the run
-    committed after its root. `ahead`: as many of those as the step's rows or `ahead`, whichever is more (None: all
-    of them); `whole`: only the steps the run went on long enough after to cover their rows."""
-    output = trace.output_ids
-    start = 0
-    for i, s in enumerate(trace.steps):
-        if s.rows_tokens is not None and len(s.rows_tokens):
-            future = output[start:] if ahead is None else output[start: start + max(len(s.rows_tokens), ahead)]
-            if not whole or len(future) >= len(s.rows_tokens):
-                yield SettledStep(i, s, list(trace.prompt_ids) + output[:start], future)
-        start += len(s.new_tokens)
-
-
-def settled_step(trace: Trace, index: int) -> SettledStep:
-    """Step `index` with its context and every token the run committed after its root."""
-    start = sum(len(s.new_tokens) for s in trace.steps[:index])
-    output = trace.output_ids
-    return SettledStep(index, trace.steps[index], list(trace.prompt_ids) + output[:start], output[start:])

@@ -27,10 +27,11 @@ import numpy as np
 
 from dart_core.budget import MAX_BUDGET
 from dart_core.decoding import GenerationConfig, run
+from dart_core.forensics.replay import replay_steps
 from dart_core.machine.records import CostCurve
 from dart_core.ngram import NGramModel
 from dart_core.proposers import PromptLookupProposer
-from dart_core.settled import Pool, expected_rate, settled_steps
+from dart_core.settled import Pool, expected_rate
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.datasets import iter_sharegpt
 from dart_core.setup.defaults import CPU_NODE_BUDGET, cache_root
@@ -90,7 +91,7 @@ def replay(folder: Path, top: int) -> None:
     table = NGramModel.load(ensure_default_ngram())
     eos = frozenset(traces[0].settings.stop_ids or [])
     # every DART step that drafted, with the target's continuation over its rows
-    steps = [st for t in traces for st in settled_steps(t, ahead=0, whole=True)]
+    steps = [st for t in traces for st in replay_steps(t, ahead=0, whole=True)]
     overhead = float(np.mean([st.step.timings.get("draft", 0.0) + st.step.timings.get("search", 0.0)
                               for st in steps]))
     # the lookup branch depends on the context alone: look it up once per step and length

@@ -15,8 +15,8 @@ from app.lanes import DONE, REPLAY, STOPPED, Lane, replay_lane, round_robin
 from app.options import MAX_PROMPT_CHARS
 from app.request import RUN_FIELDS, RunRequest
 from app.session import Session
-from app.whatif import REPLAYED, VERIFIED, what_if
 from dart_core.acceptance import SamplingConfig
+from dart_core.forensics.what_if import REPLAYED, VERIFIED, what_if
 from dart_core.setup.loading import DraftSettings
 from dart_core.trace import Trace
 from dart_core.tree import TokenTree

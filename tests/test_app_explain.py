@@ -16,7 +16,7 @@ from app.explain import TABS, glossary_html, tour_html
 from app.ui import build_app
 from dart_core import metrics
 from dart_core.decoding import GenerationConfig, run
-from dart_core.forensics import BEAM, BUDGET, NGRAM, NOT_IN_TOPK, REASON_TEXT, run_misses
+from dart_core.forensics.misses import BEAM, BUDGET, NGRAM, NOT_IN_TOPK, REASON_TEXT, run_misses
 from dart_core.glossary import GLOSSARY
 from dart_core.methods import LANE_ORDER, LANES
 from dart_core.ngram import NGramModel

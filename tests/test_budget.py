@@ -10,7 +10,7 @@ import pytest
 
 from dart_core.budget import CHECK_STEPS, PLAIN_MARGIN, AutoBudget
 from dart_core.decoding import GenerationConfig, run
-from dart_core.forensics import lookup_effects
+from dart_core.forensics.misses import lookup_effects
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer

@@ -11,10 +11,10 @@ import torch
 from app.callbacks import Callbacks
 from app.engine import Engine
 from app.session import Session
-from app.whatif import what_if
 from dart_core.decoding import GenerationConfig, run
-from dart_core.forensics import BEAM_KNOB, BUDGET, LOOKUP_KNOB, NGRAM, NGRAM_KNOB, NOT_IN_TOPK, budget_effects, \
+from dart_core.forensics.misses import BEAM_KNOB, BUDGET, LOOKUP_KNOB, NGRAM, NGRAM_KNOB, NOT_IN_TOPK, budget_effects, \
     lookup_effects, miss_counts, run_misses, search_effects
+from dart_core.forensics.what_if import what_if
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, PromptLookupProposer
 from dart_core.trace import RunSettings

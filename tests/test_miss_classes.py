@@ -1,5 +1,5 @@
 """Missed-token forensics on hand-built traces whose answers are known by construction: one step per class of miss
-(dart_core.forensics.REASON_TEXT), a fully accepted step, a plain-decoding step, the prompt-lookup flag, and what
+(dart_core.forensics.misses.REASON_TEXT), a fully accepted step, a plain-decoding step, the prompt-lookup flag, and what
 other node budgets, lookup branches and beam / n-gram knobs would have recovered, computed by hand.
 
 Every search here runs with level_exponent 0 and logit_decay 1, so a candidate's score is simply the sum of ln p
@@ -25,7 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from dart_core.acceptance import SamplingConfig
-from dart_core.forensics import BEAM, BEAM_KNOB, BEYOND, BUDGET, EOS_PARENT, IN_TREE, NGRAM, NGRAM_KNOB, \
+from dart_core.forensics.misses import BEAM, BEAM_KNOB, BEYOND, BUDGET, EOS_PARENT, IN_TREE, NGRAM, NGRAM_KNOB, \
     NOT_IN_TOPK, REASON_TEXT, budget_effects, lookup_effects, run_forensics, run_misses, search_effects, step_miss
 from dart_core.ngram import NGramModel
 from dart_core.proposers import PromptLookupProposer

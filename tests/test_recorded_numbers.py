@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.whatif import what_if
 from dart_core.budget import AutoBudget
-from dart_core.forensics import run_forensics
+from dart_core.forensics.misses import run_forensics
+from dart_core.forensics.what_if import what_if
 from dart_core.machine.records import CostCurve
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel

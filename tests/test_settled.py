@@ -9,9 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dart_core.forensics.replay import replay_step, replay_steps
 from dart_core.machine.records import CostCurve
 from dart_core.ngram import NGramModel
-from dart_core.settled import Pool, expected_rate, settled_step, settled_steps
+from dart_core.settled import Pool, expected_rate
 from dart_core.step_budget import StepBudget
 from dart_core.trace import StepRecord
 from dart_core.tree import TokenTree
@@ -45,16 +46,16 @@ def test_a_pool_accepts_by_hand():
 
 def test_settled_steps_carry_the_context_and_what_the_target_said_next():
     trace = two_steps()                          # prefill ROOT, step 1 emits 21 32, step 2 emits 22 31
-    steps = list(settled_steps(trace))
+    steps = list(replay_steps(trace))
     assert [st.index for st in steps] == [1, 2]  # the prefill drafted nothing
     assert steps[0].context == PROMPT + [ROOT] and steps[0].future == [21, 32, 22, 31]
     assert steps[1].context == PROMPT + [ROOT, 21, 32] and steps[1].future == [22, 31]
-    assert [st.future for st in settled_steps(trace, ahead=0)] == [[21, 32], [22, 31]]     # the rows' depth
-    assert [st.future for st in settled_steps(trace, ahead=3)] == [[21, 32, 22], [22, 31]]
-    assert settled_step(trace, 2) == steps[1] and settled_step(trace, 2).context == trace.context_at(2)
+    assert [st.future for st in replay_steps(trace, ahead=0)] == [[21, 32], [22, 31]]     # the rows' depth
+    assert [st.future for st in replay_steps(trace, ahead=3)] == [[21, 32, 22], [22, 31]]
+    assert replay_step(trace, 2) == steps[1] and replay_step(trace, 2).context == trace.context_at(2)
     # `whole`: only steps the run went on long enough after (a step cut short by the end of the run is left out)
     trace.steps[2].new_tokens = [22]
-    assert [st.index for st in settled_steps(trace, ahead=0, whole=True)] == [1]
+    assert [st.index for st in replay_steps(trace, ahead=0, whole=True)] == [1]
 
 
 def test_a_steps_lookup_branch_is_read_back_or_cut_from_a_new_lookup():

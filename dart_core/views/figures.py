@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dart_core.methods import LANES, VANILLA
-from dart_core.forensics import BEYOND, REASON_TEXT, KnobEffect, Miss, RunForensics, run_forensics, step_miss
+from dart_core.forensics.misses import BEYOND, REASON_TEXT, KnobEffect, Miss, RunForensics, run_forensics, step_miss
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import PromptLookupProposer

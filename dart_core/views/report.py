@@ -16,7 +16,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from dart_core.errors import DartError
-from dart_core.forensics import REASON_TEXT
+from dart_core.forensics.misses import REASON_TEXT
 from dart_core.methods import DART, LANE_ORDER, LANES, VANILLA, lane_of
 from dart_core.metrics import Metrics, tokens_per_second
 from dart_core.ngram import NGramModel

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dart_core.errors import DartError
-from dart_core.ngram import NGramModel
-from dart_core.settled import settled_step
-from dart_core.trace import Trace
-from dart_core.tree import TokenTree
-from dart_core.tree_search import Candidates, SearchConfig, search
+from ..errors import DartError
+from ..ngram import NGramModel
+from ..trace import Trace
+from ..tree import TokenTree
+from ..tree_search import Candidates, SearchConfig, search
+from .replay import replay_step
 
 VERIFIED, REPLAYED, ESTIMATED = "verified", "replayed", "estimated"
 HOW_TEXT = {VERIFIED: "verified with one target forward",
@@ -65,8 +65,8 @@ def what_if(trace: Trace, index: int, config: SearchConfig, ngram: NGramModel | 
     if config.topk > recorded_k:
         notes.append(f"the trace recorded {recorded_k} candidates per row, so top-k above {recorded_k} "
                      f"acts as {recorded_k}")
-    settled = settled_step(trace, index)   # the context, and what the run committed after the step's root
-    context = settled.context
+    replayed = replay_step(trace, index)   # the context, and what the run committed after the step's root
+    context = replayed.context
     if ngram is None and config.ngram_weight > 0 and step.candidates is not None \
             and (step.candidates.ngram_match >= 0).any():
         notes.append("the n-gram table used for this trace is not loaded: the search runs without its term")
@@ -79,6 +79,6 @@ def what_if(trace: Trace, index: int, config: SearchConfig, ngram: NGramModel | 
         path, bonus = verifier(context, tree)
         how = VERIFIED
     else:
-        path, bonus = tree.follow(settled.future)
+        path, bonus = tree.follow(replayed.future)
         how = REPLAYED if is_greedy(trace) else ESTIMATED
     return WhatIf(index, config, tree, result.candidates, path, bonus, how, context, notes, lookup_nodes)

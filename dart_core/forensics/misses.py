@@ -17,11 +17,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .ngram import NGramModel
-from .proposers import PromptLookupProposer
-from .settled import Pool, SettledStep, pool_path, pool_ranks, settled_steps
-from .trace import StepRecord, Trace
-from .tree_search import EOS_END, KEPT, LOW_NGRAM, search
+from ..ngram import NGramModel
+from ..proposers import PromptLookupProposer
+from ..settled import Pool, pool_path, pool_ranks
+from ..trace import StepRecord, Trace
+from ..tree_search import EOS_END, KEPT, LOW_NGRAM, search
+from .replay import ReplayStep, replay_steps
 
 # Why the wanted token was not accepted, from the head's side to the verifier's.
 BEYOND, NOT_IN_TOPK, BEAM, EOS_PARENT, BUDGET, NGRAM, IN_TREE = (
@@ -145,7 +146,7 @@ class KnobEffect:
 
 
 @dataclass
-class _Drafted(SettledStep):
+class _Drafted(ReplayStep):
     """A drafted step with what its own tree was made of."""
     budget: int                # the step's own node budget (the tree is its pool's top `budget`)
     branch: list[int]          # the step's own prompt-lookup branch (empty without one)
@@ -156,7 +157,7 @@ def _drafted_steps(trace: Trace, lookup: PromptLookupProposer | None) -> list[_D
     longest = max(KNOB_VALUES[LOOKUP_KNOB])   # the target's tokens after each root: as many as any replay can use
     return [_Drafted(st.index, st.step, st.context, st.future, _own_budget(trace, st.step),
                      _own_branch(trace, st, lookup), Pool.of(st.step.candidates))
-            for st in settled_steps(trace, ahead=longest) if _has_pool(st.step)]
+            for st in replay_steps(trace, ahead=longest) if _has_pool(st.step)]
 
 
 def _own_budget(trace: Trace, s: StepRecord) -> int:
@@ -167,7 +168,7 @@ def _own_budget(trace: Trace, s: StepRecord) -> int:
     return kept if kept < min(budget, len(s.candidates)) else budget
 
 
-def _own_branch(trace: Trace, st: SettledStep, lookup: PromptLookupProposer | None) -> list[int]:
+def _own_branch(trace: Trace, st: ReplayStep, lookup: PromptLookupProposer | None) -> list[int]:
     """The step's prompt-lookup branch: looked up again where the run had one, or read back from the tree's lookup
     nodes when no lookup is given."""
     if trace.settings.lookup_tokens is None and not st.step.lookup_nodes:
