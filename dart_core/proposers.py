@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .budget import AutoBudget
+from .budget.auto import AutoBudget
 from .context_ngram import ContextNGram
 from .draft_head import DraftCache, DraftHead
 from .draft_kernels import int8_copy, int8_supported
@@ -24,7 +24,7 @@ from .errors import ConfigError
 from .machine.kernels import onednn_applies, packed_linear
 from .methods import DART, DART_PLD, PLD, VANILLA
 from .ngram import NGramModel
-from .step_budget import CurveFix, StepBudget
+from .budget.step_budget import CurveFix, StepBudget
 from .tree import TokenTree
 from .tree_search import Candidates, SearchConfig, search
 

@@ -21,7 +21,7 @@ from .acceptance import SamplingConfig
 from .errors import DartError
 from .machine.records import MachineRecord
 from .methods import DART, DART_PLD, METHODS
-from .step_budget import StepBudget
+from .budget.step_budget import StepBudget
 from .tree import TokenTree
 from .tree_search import BEAM_STATES, FATES, KEPT, Candidates, SearchConfig, rescore
 

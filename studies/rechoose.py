@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from dart_core.budget import RECHOOSE_EVERY
+from dart_core.budget.auto import RECHOOSE_EVERY
 from dart_core.decoding import GenerationConfig, run
 from dart_core.machine.hardware import detect
 from dart_core.setup.chat import encode_prompt

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from dart_core.budget import MAX_BUDGET
+from dart_core.budget.auto import MAX_BUDGET
+from dart_core.budget.pool import Pool, expected_rate
 from dart_core.decoding import GenerationConfig, run
 from dart_core.forensics.replay import replay_steps
 from dart_core.machine.records import CostCurve
 from dart_core.ngram import NGramModel
 from dart_core.proposers import PromptLookupProposer
-from dart_core.settled import Pool, expected_rate
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.datasets import iter_sharegpt
 from dart_core.setup.defaults import CPU_NODE_BUDGET, cache_root

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dart_core.budget import AutoBudget
+from dart_core.budget.auto import AutoBudget
 from dart_core.machine.records import CostCurve
 from dart_core.proposers import DartProposer
 from dart_core.setup.tiny_models import OracleDrafter, tiny_target

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dart_core.budget import CHECK_STEPS, PLAIN_MARGIN, AutoBudget
+from dart_core.budget.auto import CHECK_STEPS, PLAIN_MARGIN, AutoBudget
 from dart_core.decoding import GenerationConfig, run
 from dart_core.forensics.misses import lookup_effects
 from dart_core.metrics import Metrics
@@ -267,7 +267,7 @@ def test_decoding_corrects_a_wrong_curve_and_stays_lossless():
 
 
 def test_on_a_gpu_the_budget_may_grow_to_the_largest_fixed_shape_bucket(monkeypatch):
-    from dart_core.budget import GPU_MAX_BUDGET, MAX_BUDGET, max_budget_for
+    from dart_core.budget.auto import GPU_MAX_BUDGET, MAX_BUDGET, max_budget_for
     from dart_core.fixed_step import FIXED_BUCKETS
     from dart_core.setup.calibration import curve_rows
     assert GPU_MAX_BUDGET + 1 == FIXED_BUCKETS[-1] == curve_rows("cuda")[-1]     # a tree and its root: one bucket

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dart_core.budget import AutoBudget
+from dart_core.budget.auto import AutoBudget
 from dart_core.forensics.misses import run_forensics
 from dart_core.forensics.what_if import what_if
 from dart_core.machine.records import CostCurve

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from dart_core.acceptance import SamplingConfig
+from dart_core.budget.step_budget import BudgetChoice, CurveFix, StepBudget
 from dart_core.machine.hardware import Hardware
 from dart_core.machine.records import CostCurve, DraftKernelChoice, DtypeChoice, KernelsInUse, MachineRecord, \
     dtype_spelling
 from dart_core.setup.dtype_choice import decide, lossless_choice
-from dart_core.step_budget import BudgetChoice, CurveFix, StepBudget
 from dart_core.trace import RunSettings, StepRecord
 from tests.app_fixtures import tiny_engine
 

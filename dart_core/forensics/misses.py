@@ -4,7 +4,7 @@ branch, the n-gram weight, the beam width) would have recovered, everything else
 
 Everything is read from a trace, with no model. For greedy runs it is exact: the target's choices after a step are
 the tokens the run committed next (lossless decoding), and the search's candidate pool does not depend on the node
-budget, so the tree of any budget is the pool's top b (see dart_core.settled); the lookup branch depends on the
+budget, so the tree of any budget is the pool's top b (see dart_core.budget.pool); the lookup branch depends on the
 context alone; and the n-gram weight and beam width are replayed by running the search again over the step's
 recorded rows with the run's table. For sampled runs the committed tokens stand in for the target's choices: an
 estimate.
@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ngram import NGramModel
 from ..proposers import PromptLookupProposer
-from ..settled import Pool, pool_path, pool_ranks
+from ..budget.pool import Pool, pool_path, pool_ranks
 from ..trace import StepRecord, Trace
 from ..tree_search import EOS_END, KEPT, LOW_NGRAM, search
 from .replay import ReplayStep, replay_steps

@@ -14,7 +14,7 @@ from functools import cached_property
 import torch
 
 from ..acceptance import SamplingConfig
-from ..budget import RECHOOSE_EVERY, AutoBudget, max_budget_for
+from ..budget.auto import RECHOOSE_EVERY, AutoBudget, max_budget_for
 from ..draft_head import DraftConfig, DraftHead, DraftHeadError
 from ..context_ngram import ContextNGram
 from ..errors import DartError

@@ -22,7 +22,7 @@ from dart_core.forensics.misses import BEYOND, REASON_TEXT, KnobEffect, Miss, Ru
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import PromptLookupProposer
-from dart_core.settled import expected_rate, pool_path
+from dart_core.budget.pool import expected_rate, pool_path
 from dart_core.setup.defaults import LOOKUP_TOKENS, PLD_NGRAM
 from dart_core.trace import PHASES, Trace
 from dart_core.tree import TokenTree
@@ -487,7 +487,7 @@ def cost_figure(trace: Trace | None) -> go.Figure:
     curve = machine.cost_curve if machine is not None else None
     if curve is None:
         return message_figure("Run DART with an automatic node budget to see what trees cost on this machine.")
-    # the run may have corrected the curve against its own verify times (dart_core.budget): the last one counts
+    # the run may have corrected the curve against its own verify times (dart_core.budget.auto): the last one counts
     budgets = [s.budget for s in reversed(trace.steps) if s.budget is not None]
     fix = next((b.curve for b in budgets if b.curve is not None), None)
     if fix is not None:

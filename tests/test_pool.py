@@ -1,6 +1,6 @@
-"""What a step would have accepted, in one engine module (dart_core.settled): the expected rate, a pool's acceptance
-per budget and branch, the settled steps of a trace, a step's own lookup branch; and the trace's derived candidate
-columns computed by the search's own terms."""
+"""What a step would have accepted: the expected rate and a pool's acceptance per budget and branch
+(dart_core.budget.pool), a trace's steps with the target's continuation (dart_core.forensics.replay), a step's own
+lookup branch; and the trace's derived candidate columns computed by the search's own terms."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dart_core.budget.pool import Pool, expected_rate
+from dart_core.budget.step_budget import StepBudget
 from dart_core.forensics.replay import replay_step, replay_steps
 from dart_core.machine.records import CostCurve
 from dart_core.ngram import NGramModel
-from dart_core.settled import Pool, expected_rate
-from dart_core.step_budget import StepBudget
 from dart_core.trace import StepRecord
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig, rescore, search
@@ -44,7 +44,7 @@ def test_a_pool_accepts_by_hand():
     assert by_length.tolist() == [[1, 2], [1, 2], [2, 2]] and nodes_by_length.tolist() == [[1, 4], [1, 4], [3, 5]]
 
 
-def test_settled_steps_carry_the_context_and_what_the_target_said_next():
+def test_replay_steps_carry_the_context_and_what_the_target_said_next():
     trace = two_steps()                          # prefill ROOT, step 1 emits 21 32, step 2 emits 22 31
     steps = list(replay_steps(trace))
     assert [st.index for st in steps] == [1, 2]  # the prefill drafted nothing

@@ -1,13 +1,13 @@
 """A DART step's node budget as the step records it: `StepBudget` (fixed, or chosen by the automatic budget), the
 `BudgetChoice` behind an automatic one, and the cost curve's `CurveFix` when the run corrected it. Each owns its file
-form (reading what older traces wrote) and its one line of text; dart_core.budget makes them.
+form (reading what older traces wrote) and its one line of text; dart_core.budget.auto makes them.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from .machine.records import CostCurve
+from ..machine.records import CostCurve
 
 
 @dataclass
@@ -54,7 +54,7 @@ class BudgetChoice:
 
 @dataclass
 class CurveFix:
-    """The cost curve corrected against the run's own verify times (dart_core.budget.AutoBudget.observe_verify)."""
+    """The cost curve corrected against the run's own verify times (dart_core.budget.auto.AutoBudget.observe_verify)."""
     ratio: float                     # measured / predicted verify time: the median of a few steps
     action: str                      # "re-measured" or "scaled"
     curve: CostCurve                 # the curve from then on

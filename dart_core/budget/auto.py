@@ -5,7 +5,7 @@
 t(k) is the machine's measured verify cost curve. E[tokens per step | b] is learnt from the run's own steps, exactly:
 once the target's own continuation after a step is known (it is what the following steps commit), the tokens that
 step would have accepted under every budget b, and with a prompt-lookup branch of every length L, are read off its
-candidate pool (dart_core.settled, which also holds the rate formula): dart_pld chooses the branch's length with the
+candidate pool (dart_core.budget.pool, which also holds the rate formula): dart_pld chooses the branch's length with the
 budget, from one lookup of the longest.
 
 For greedy decoding these counts are exact; under sampling they use the sampled continuation, an estimate.
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .machine.records import CostCurve
-from .settled import Pool, expected_rate
+from ..machine.records import CostCurve
+from .pool import Pool, expected_rate
 from .step_budget import BudgetChoice, CurveFix
-from .tree_search import Candidates
+from ..tree_search import Candidates
 
 MAX_BUDGET = 60          # the reference's tree size: the largest budget considered on a CPU
 GPU_MAX_BUDGET = 255     # on a GPU a verify of 256 rows can cost about what one row does: trees up to the largest

@@ -8,7 +8,7 @@ tokens of the target's path as have a pool rank below b. A prompt-lookup branch 
 and accepts at least its agreement with the target; it depends on the context alone, so a branch of every length
 (its first L tokens) is read off one lookup of the longest.
 
-One place for it, read by the automatic budget (dart_core.budget, as the run goes), the forensics (from a trace,
+One place for it, read by the automatic budget (dart_core.budget.auto, as the run goes), the forensics (from a trace,
 with its steps as dart_core.forensics.replay gives them; a step's own branch is `StepRecord.lookup_branch`) and
 studies/tune_search.py:
 - `Pool`: a step's candidates as the replays read them, with `accepted` / `accepted_by_length`;
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .machine.records import CostCurve
-from .tree_search import Candidates
+from ..machine.records import CostCurve
+from ..tree_search import Candidates
 
 
 def expected_rate(tokens, nodes, overhead: float, curve: CostCurve):
