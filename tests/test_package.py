@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -29,13 +30,19 @@ def test_the_package_list_names_every_package_in_the_tree():
 
 
 def test_the_wheel_carries_the_engine_the_app_the_shipped_assets_and_both_commands(tmp_path):
+    # built from a copy of the sources: setuptools' build/ folder in a checkout keeps modules since moved away
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "runs", "*.egg-info",
+                                                                "__pycache__", ".pytest_cache"))
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, cwd=tmp_path)
+                            "-w", str(tmp_path), str(source)], capture_output=True, text=True, cwd=tmp_path)
     assert built.returncode == 0, built.stderr
     (wheel,) = tmp_path.glob("dart_lab-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"dart_core/tools/cli.py", "app/ui.py", "app/help.md", "app/style.css", "dart_core/assets/smollm2-ngram3.npz",
             "dart_core/assets/smollm2-dart-head/model.safetensors"} <= names
+    in_tree = {str(p.relative_to(ROOT)) for top in ("dart_core", "app") for p in (ROOT / top).rglob("*.py")}
+    assert {n for n in names if n.endswith(".py")} == in_tree    # every module, and none that is gone
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(entry).decode()
     assert "dart-lab = dart_core.tools.cli:main" in scripts and "dart-lab-app = app.cli:main" in scripts
