@@ -35,7 +35,6 @@ class FixedStep:
         self.lean, self.cache, self.taps, self.capture = lean, cache, taps, capture
         self.kv = cache.kv            # the tensor the graphs read: a grown cache needs a new FixedStep
         self.buckets: dict[int, Captured] = {}
-        self.pool = None              # the graphs share one memory pool
 
     def fits(self, cache, taps) -> bool:
         return cache.kv is self.kv and taps == self.taps
@@ -82,9 +81,9 @@ class FixedStep:
                 self._step(step)
         torch.cuda.current_stream().wait_stream(side)
         step.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(step.graph, pool=self.pool):
+        # each graph keeps its own memory pool: buckets replay in any order, so none may reuse another's buffers
+        with torch.cuda.graph(step.graph):
             step.logits, step.feats = self._step(step)
-        self.pool = step.graph.pool()
 
 
 def _fill_mask(mask: torch.Tensor, past: int, n: int, block_mask: torch.Tensor | None) -> None:
