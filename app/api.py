@@ -49,7 +49,7 @@ def lane_result(lane: Lane, tokenizer) -> dict:
     out = {"method": trace.method, "status": lane.status,
            "text": tokenizer.decode(trace.output_ids, skip_special_tokens=True),
            "token_ids": [int(t) for t in trace.output_ids], "tokens": lane.tokens, "steps": len(trace.steps),
-           "seconds": round(lane.own_time, 4), "tokens_per_s": round(lane.tokens_per_s, 2),
+           "seconds": round(lane.seconds, 4), "tokens_per_s": round(lane.tokens_per_s, 2),
            "stop_reason": trace.steps[-1].stop_reason if trace.steps else None}
     if lane.key != VANILLA:
         out["tau"] = round(metrics.tau, 3) if metrics.verify_steps else None

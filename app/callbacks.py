@@ -257,8 +257,8 @@ class Callbacks:
         """The lanes' traces, ready to leave the app: every token named, each lane's own time recorded."""
         for lane in lanes:
             lane.trace.name_tokens(self.engine.tokenizer)
-            if lane.own_time > 0:
-                lane.trace.settings.own_time_s = round(lane.own_time, 6)
+            if lane.seconds > 0:
+                lane.trace.settings.lane_seconds = round(lane.seconds, 6)
         return [lane.trace for lane in lanes]
 
     # ------------------------------------------------------------------ events

@@ -30,7 +30,7 @@ class Lane:
     key: str                                   # a key of methods.LANES (lane_of the trace's method)
     trace: Trace
     steps: Iterator[StepRecord] | None = None  # the live generator; None for a replayed trace
-    own_time: float = 0.0                      # seconds spent in this lane's own steps
+    seconds: float = 0.0                       # spent in this lane's own steps (lanes take turns on one CPU)
     status: str = WAITING
     error: str = ""
     on_step: Callable[[Trace, StepRecord], None] | None = field(default=None, repr=False)
@@ -41,7 +41,7 @@ class Lane:
 
     @property
     def tokens_per_s(self) -> float:
-        return tokens_per_second(self.tokens, self.own_time)
+        return tokens_per_second(self.tokens, self.seconds)
 
     @property
     def metrics(self) -> Metrics:
@@ -71,7 +71,7 @@ class Lane:
                 self.status, self.error = ERROR, f"{type(exc).__name__}: {exc} (details in the server log)"
                 return None
             finally:
-                self.own_time += time.perf_counter() - t0
+                self.seconds += time.perf_counter() - t0
         self.trace.steps.append(step)
         if self.on_step is not None:
             self.on_step(self.trace, step)
@@ -93,7 +93,7 @@ class Lane:
 
 def replay_lane(trace: Trace) -> Lane:
     """A finished lane from a saved trace. Its time is the one the app recorded, else the sum of step timings."""
-    own = trace.settings.own_time_s
+    own = trace.settings.lane_seconds
     if not own or own <= 0:
         own = sum(sum(s.timings.values()) for s in trace.steps)
     return Lane(lane_of(trace.method), trace, None, float(own), REPLAY)
@@ -129,7 +129,7 @@ def lane_stats(lane: Lane, baseline: Lane | None = None) -> list[tuple[str, str]
         else:
             stats.append(("speedup", "–"))
     stats.append(("steps", str(len(lane.trace.steps))))
-    stats.append(("time", f"{lane.own_time:.1f} s"))
+    stats.append(("time", f"{lane.seconds:.1f} s"))
     return stats
 
 

@@ -208,7 +208,7 @@ class DartProposer(Proposer):
         tree, lookup_nodes, branch = result.tree, None, []
         if self.lookup is not None:
             branch = self.lookup.lookup(context)   # the longest: the automatic budget learns every length from it
-            used = budget.grafted(branch) if budget is not None else branch
+            used = budget.branch_used(branch) if budget is not None else branch
             tree, lookup_nodes = tree.with_branch(used, max_nodes - (len(tree) - 1))
         t2 = time.perf_counter()
         if self.auto_budget is not None:

@@ -60,7 +60,7 @@ class RunSettings:
     ngram_context_weight: float = 0.0
     auto_budget: bool = False           # DART: the node budget chosen as the run goes (search.node_budget: the start)
     machine: MachineRecord | None = None   # where it ran: the hardware, the dtype, the cost curve, ...
-    own_time_s: float | None = None     # the app's lane time: its own steps only (lanes take turns on one CPU)
+    lane_seconds: float | None = None     # the app's lane time: its own steps only (lanes take turns on one CPU)
     top_candidates: int | None = None   # set when the file keeps only the best N candidates of each step
 
     def text(self) -> str:
@@ -87,8 +87,9 @@ class RunSettings:
         out["search"] = SearchConfig.from_dict(data["search"]) if isinstance(data.get("search"), dict) else None
         out["stop_ids"] = [int(t) for t in data.get("stop_ids") or []]
         out["machine"] = MachineRecord.from_dict(data["machine"]) if isinstance(data.get("machine"), dict) else None
-        if out.get("own_time_s") is None and isinstance(data.get("lane_time_s"), (int, float)):
-            out["own_time_s"] = float(data["lane_time_s"])   # format 1's name for it
+        for older in ("own_time_s", "lane_time_s"):        # the names earlier versions wrote it under
+            if out.get("lane_seconds") is None and isinstance(data.get(older), (int, float)):
+                out["lane_seconds"] = float(data[older])
         return cls(**out)
 
 
@@ -116,7 +117,7 @@ class StepRecord:
         from the step's context at its longest (it depends on the context alone), cut to the length the step
         grafted; without it, read back from the tree's lookup nodes (empty where the branch added none)."""
         if looked_up is not None:
-            return self.budget.grafted(looked_up) if self.budget is not None else looked_up
+            return self.budget.branch_used(looked_up) if self.budget is not None else looked_up
         if not self.lookup_nodes:
             return []
         return [self.tree.tokens[n] for n in self.tree.path_to(max(self.lookup_nodes))[1:]]

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from dart_core.budget.auto import MAX_BUDGET
-from dart_core.budget.pool import Pool, expected_rate
+from dart_core.budget.pool import CandidatePool, expected_rate
 from dart_core.decoding import GenerationConfig, run
 from dart_core.forensics.replay import replay_steps
 from dart_core.machine.records import CostCurve
@@ -103,7 +103,7 @@ def replay(folder: Path, top: int) -> None:
     results = []
     for values in itertools.product(*GRID.values()):
         config = replace(base, **dict(zip(GRID, values)))
-        pools = [Pool.of(search(np.asarray(st.step.rows_tokens), np.asarray(st.step.rows_probs), st.context,
+        pools = [CandidatePool.of(search(np.asarray(st.step.rows_tokens), np.asarray(st.step.rows_probs), st.context,
                                 replace(config, node_budget=MAX_BUDGET), table, eos).candidates) for st in steps]
         for n in [0] + LOOKUP_TOKENS:
             accepted, nodes = np.zeros(len(budgets)), np.zeros(len(budgets))

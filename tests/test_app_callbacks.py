@@ -73,14 +73,14 @@ def test_run_streams_lanes_round_robin_and_finishes(cb):
     assert [stepped_lane(u) for u in updates[1:7]] == ["vanilla", "dart", "pld"] * 2
     # Each lane's time is the sum of its own steps only, and the lane cards show their numbers.
     for lane in lanes.values():
-        assert 0 < lane.own_time < sum(other.own_time for other in lanes.values())
+        assert 0 < lane.seconds < sum(other.seconds for other in lanes.values())
     final = updates[-1]
     assert 'data-status="done · token limit"' in final["lane_dart"]
     assert "speedup" in final["lane_dart"] and "τ" in final["lane_dart"]
     assert final["downloads"] and all(p.endswith(".json.gz") for p in final["downloads"])
     saved = {Trace.load(p).method: Trace.load(p) for p in final["downloads"]}
     assert saved["dart"].output_ids == lanes["dart"].trace.output_ids
-    assert saved["dart"].settings.own_time_s == pytest.approx(lanes["dart"].own_time, abs=1e-5)
+    assert saved["dart"].settings.lane_seconds == pytest.approx(lanes["dart"].seconds, abs=1e-5)
     assert all(t in saved["dart"].token_text for t in saved["dart"].mentioned_tokens())   # replayable alone
 
 

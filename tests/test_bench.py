@@ -213,11 +213,11 @@ def test_every_tokens_per_s_shown_is_metrics_definition(hand, monkeypatch):
     cell = build_report([run], ["dart"], ["fp32"], [0.0], {"a": {}})["results"][0]
     assert cell["tokens_per_s"] == round(rate, 3)
 
-    assert Lane("dart", hand, own_time=m.wall_time).tokens_per_s == pytest.approx(rate)
+    assert Lane("dart", hand, seconds=m.wall_time).tokens_per_s == pytest.approx(rate)
 
     shown = {}
     monkeypatch.setattr(html_report, "lane_html", lambda key, title, status, stats, body: shown.update(stats))
-    monkeypatch.setattr(hand.settings, "own_time_s", m.wall_time)
+    monkeypatch.setattr(hand.settings, "lane_seconds", m.wall_time)
     html_report._lane_card("dart", hand, None)
     assert shown["tok/s"] == f"{rate:.1f}"
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dart_core.budget.pool import Pool, expected_rate
+from dart_core.budget.pool import CandidatePool, expected_rate
 from dart_core.budget.step_budget import StepBudget
 from dart_core.forensics.replay import replay_step, replay_steps
 from dart_core.machine.records import CostCurve
@@ -32,7 +32,7 @@ def test_the_expected_rate_by_hand():
 
 def test_a_pool_accepts_by_hand():
     # step 1 of the hand-built trace (tests/test_miss_classes.py): the target's 21 32 have pool ranks 0 and 3
-    pool = Pool.of(two_steps().steps[1].candidates)
+    pool = CandidatePool.of(two_steps().steps[1].candidates)
     assert list(pool.path_ranks([21, 32, 99])) == [0, 3]
     accepted, nodes = pool.accepted([], [21, 32], [1, 3, 4, 9])
     assert list(accepted) == [1, 1, 2, 2] and list(nodes) == [1, 3, 4, 9]
@@ -66,7 +66,7 @@ def test_a_steps_lookup_branch_is_read_back_or_cut_from_a_new_lookup():
     looked_up = [21, 32, 40, 11, 12]
     assert step.lookup_branch(looked_up) == looked_up                                      # its length not chosen
     step.budget = StepBudget(4, True, lookup=2)
-    assert step.lookup_branch(looked_up) == [21, 32] and step.budget.grafted(looked_up) == [21, 32]
+    assert step.lookup_branch(looked_up) == [21, 32] and step.budget.branch_used(looked_up) == [21, 32]
 
 
 @pytest.mark.parametrize("ngram_weight", [0.0, 0.5, 1.0])

@@ -112,11 +112,15 @@ def test_format_1_files_still_load(dart, tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(old))
     back = Trace.load(tmp_path / "old.json")
     assert back.settings.search == dart.settings.search and back.settings.stop_ids == [2]
-    assert back.settings.own_time_s == 1.5
+    assert back.settings.lane_seconds == 1.5
     assert_same_steps(dart, back, score_atol=1e-5)
     # format 1's app wrote DART with the lookup branch as method "dart" plus a setting
     old["settings"]["lookup_branch"] = True
     assert Trace.from_dict(old).method == "dart_pld"
+    # the lane's time as format 2 first named it
+    del old["settings"]["lane_time_s"]
+    old["settings"]["own_time_s"] = 2.5
+    assert Trace.from_dict(old).settings.lane_seconds == 2.5
 
 
 @pytest.mark.parametrize("data, message", [

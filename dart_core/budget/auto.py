@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..machine.records import CostCurve
-from .pool import Pool, expected_rate
+from .pool import CandidatePool, expected_rate
 from .step_budget import BudgetChoice, CurveFix
 from ..tree_search import Candidates
 
@@ -55,7 +55,7 @@ def max_budget_for(device_type: str) -> int:
 @dataclass
 class _Pending:
     position: int              # index of the step's root in the context
-    pool: Pool                 # the step's candidate pool, ranked
+    pool: CandidatePool                 # the step's candidate pool, ranked
     branch: list[int]          # the prompt-lookup branch's tokens (empty without one)
     rows: int                  # the pool's depth
 
@@ -122,7 +122,7 @@ class AutoBudget:
         self.overhead += (seconds - self.overhead) / self._timed
         if candidates is None or not len(candidates):
             return
-        self.pending.append(_Pending(len(context) - 1, Pool.of(candidates), list(branch[:self.lengths[-1]]),
+        self.pending.append(_Pending(len(context) - 1, CandidatePool.of(candidates), list(branch[:self.lengths[-1]]),
                                      int(candidates.level.max()) + 1))
 
     def observe_verify(self, tokens: int, seconds: float) -> CurveFix | None:

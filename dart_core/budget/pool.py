@@ -11,7 +11,7 @@ and accepts at least its agreement with the target; it depends on the context al
 One place for it, read by the automatic budget (dart_core.budget.auto, as the run goes), the forensics (from a trace,
 with its steps as dart_core.forensics.replay gives them; a step's own branch is `StepRecord.lookup_branch`) and
 studies/tune_search.py:
-- `Pool`: a step's candidates as the replays read them, with `accepted` / `accepted_by_length`;
+- `CandidatePool`: a step's candidates as the replays read them, with `accepted` / `accepted_by_length`;
 - `expected_rate`: tokens per second from tokens per step, tree nodes, drafting time and the cost curve t(k).
 """
 
@@ -54,7 +54,7 @@ def pool_path(token: np.ndarray, parent: np.ndarray, path: list[int]) -> list[in
 
 
 @dataclass
-class Pool:
+class CandidatePool:
     """A step's candidate pool as the replays read it: each candidate's token, parent and rank in the search's
     order into the tree."""
     token: np.ndarray
@@ -62,7 +62,7 @@ class Pool:
     rank: np.ndarray
 
     @classmethod
-    def of(cls, c: Candidates) -> "Pool":
+    def of(cls, c: Candidates) -> "CandidatePool":
         return cls(c.token, c.parent, pool_ranks(c))
 
     def path_ranks(self, path: list[int]) -> np.ndarray:
@@ -96,7 +96,7 @@ class Pool:
 
 
 def _padded(ranks: np.ndarray, n: int) -> np.ndarray:
-    """Pool ranks of a branch's first tokens, padded to n with 'not in the pool' (the pool left the branch there)."""
+    """CandidatePool ranks of a branch's first tokens, padded to n with 'not in the pool' (the pool left the branch there)."""
     out = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
     out[:len(ranks)] = ranks
     return out

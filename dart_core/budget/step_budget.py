@@ -80,7 +80,7 @@ class StepBudget:
     curve: CurveFix | None = None        # the cost curve was corrected before this step
     lookup: int | None = None            # dart_pld with its length chosen: the branch's tokens grafted
 
-    def grafted(self, branch: list[int]) -> list[int]:
+    def branch_used(self, branch: list[int]) -> list[int]:
         """What the step grafted of a prompt-lookup branch looked up at its longest: its first `lookup` tokens where
         the length was chosen, else all of it."""
         return branch if self.lookup is None else branch[:self.lookup]

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ngram import NGramModel
 from ..proposers import PromptLookupProposer
-from ..budget.pool import Pool, pool_path, pool_ranks
+from ..budget.pool import CandidatePool, pool_path, pool_ranks
 from ..trace import StepRecord, Trace
 from ..tree_search import EOS_END, KEPT, LOW_NGRAM, search
 from .replay import ReplayStep, replay_steps
@@ -150,13 +150,13 @@ class _Drafted(ReplayStep):
     """A drafted step with what its own tree was made of."""
     budget: int                # the step's own node budget (the tree is its pool's top `budget`)
     branch: list[int]          # the step's own prompt-lookup branch (empty without one)
-    pool: Pool                 # its own pool, ranked once
+    pool: CandidatePool                 # its own pool, ranked once
 
 
 def _drafted_steps(trace: Trace, lookup: PromptLookupProposer | None) -> list[_Drafted]:
     longest = max(KNOB_VALUES[LOOKUP_KNOB])   # the target's tokens after each root: as many as any replay can use
     return [_Drafted(st.index, st.step, st.context, st.future, _own_budget(trace, st.step),
-                     _own_branch(trace, st, lookup), Pool.of(st.step.candidates))
+                     _own_branch(trace, st, lookup), CandidatePool.of(st.step.candidates))
             for st in replay_steps(trace, ahead=longest) if _has_pool(st.step)]
 
 
@@ -235,7 +235,7 @@ def search_effects(trace: Trace, ngram: NGramModel | None, lookup: PromptLookupP
     out = []
     for knob in knobs:
         values = [v for v in KNOB_VALUES[knob] if v != getattr(base, knob)]
-        pools = {(st.index, v): Pool.of(search(st.step.rows_tokens, st.step.rows_probs, st.context, replace(
+        pools = {(st.index, v): CandidatePool.of(search(st.step.rows_tokens, st.step.rows_probs, st.context, replace(
                      base, **{knob: v}), ngram, eos, node_budget=st.budget).candidates) for st in steps for v in values}
         out += _effects(steps, knob, values, lambda st, v: pools[st.index, v], lambda st, v: st.branch)
     return out

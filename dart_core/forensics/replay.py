@@ -1,6 +1,6 @@
 """A recorded trace replayed step by step: each step that drafted, with its context and what the target said after its
 root (the tokens the run committed next: exact for greedy runs, the sampled tokens otherwise). The forensics, the
-what-if and studies/tune_search.py read a step's outcome under other knobs off it (with dart_core.budget.pool's `Pool`).
+what-if and studies/tune_search.py read a step's outcome under other knobs off it (with dart_core.budget.pool's `CandidatePool`).
 """
 
 from __future__ import annotations

@@ -125,21 +125,21 @@ def _meta(trace: Trace) -> str:
             f'<p><b>Prompt</b></p><pre class="lane-text">{html.escape(trace.prompt_text)}</pre>')
 
 
-def _own_time(trace: Trace) -> float:
+def _lane_seconds(trace: Trace) -> float:
     """The lane's own seconds: what the app recorded, else the sum of its step timings (as the app's replay)."""
-    own = trace.settings.own_time_s
+    own = trace.settings.lane_seconds
     return own if own and own > 0 else sum(sum(s.timings.values()) for s in trace.steps)
 
 
 def _lane_card(key: str, trace: Trace, plain: Trace | None) -> str:
     m = Metrics.from_steps(trace.steps)
-    seconds = _own_time(trace)
+    seconds = _lane_seconds(trace)
     rate = tokens_per_second(m.new_tokens, seconds)
     stats = [("tokens", str(m.new_tokens)), ("tok/s", f"{rate:.1f}"), ("steps", str(len(trace.steps))),
              ("tokens per forward", f"{m.tokens_per_forward:.2f}"), ("time", f"{seconds:.2f} s")]
     if key != VANILLA:
         stats.insert(2, ("τ", f"{m.tau:.2f}" if m.verify_steps else "–"))
-        plain_rate = tokens_per_second(Metrics.from_steps(plain.steps).new_tokens, _own_time(plain)) \
+        plain_rate = tokens_per_second(Metrics.from_steps(plain.steps).new_tokens, _lane_seconds(plain)) \
             if plain is not None else 0.0
         if plain_rate > 0 and rate > 0:
             stats.insert(3, ("speedup", f"{rate / plain_rate:.2f}×"))
