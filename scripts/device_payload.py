@@ -1,4 +1,4 @@
-"""Files across the device tool's limits: a call carries at most 64 MiB (the working tree included) and brings back
+"""Files across a remote GPU machine's limits: one command carries at most 64 MiB (the working tree included) and brings back
 at most 8 files of 16 MiB. So a large file travels in parts, each with the digest of the whole, and is joined and
 checked on the other side; and before a call, `size` says what the call would carry.
 
@@ -145,7 +145,7 @@ def release(root: Path) -> list[str]:
 
 
 def travelling_bytes(root: Path, carried: list[str]) -> dict[str, int]:
-    """Bytes a device call would carry: the working tree (tracked files present on disk and untracked files git
+    """Bytes a remote command would carry: the working tree (tracked files present on disk and untracked files git
     does not ignore) and each carried path."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
                             capture_output=True, check=True).stdout.decode().split("\0")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The draft head's training run on a lent GPU, one device call (scripts/gpu_train.py says what it does; the plan,
+# The draft head's training run on a remote GPU machine, one command (scripts/gpu_train.py says what it does; the plan,
 # with what each call carries, is in docs/training-any-target.md). On the device:
 #
 #   scripts/gpu-train.sh --model .gpu/gguf --data .gpu/data --init-from assets/smollm2-dart-head --out "$OUT"

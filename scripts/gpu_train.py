@@ -1,4 +1,4 @@
-"""The draft head's training run on a lent GPU, in one device call (at most 10 minutes): the target answers the
+"""The draft head's training run on a remote GPU machine, in one command of at most 10 minutes: the target answers the
 exported prompts (its own responses, the path decoding follows), the head trains on those and on the exported
 text for what is left of --seconds (less a reserve for the last evaluation and the packing), with a schedule that
 ends annealed then, and the best head comes back in parts.
@@ -11,7 +11,7 @@ ends annealed then, and the best head comes back in parts.
 
 --model: a .gguf file, a transformers folder, or a folder of parts (`device_payload split`) joined first.
 --data: a folder from `python -m dart_core train-data export` (held-out set, text, prompts, as token ids).
-Writes into --out, 8 files at most as the device tool brings back: head/ (the best head with its metrics.json, in
+Writes into --out, 8 files at most, as a remote command brings back: head/ (the best head with its metrics.json, in
 parts of at most 15.9 MiB: 3 for the default's head), ckpt.pt (the run's checkpoint without weights: its held-out
 history, what `scripts.learning_curve add` reads), summary.json (rates: response tokens/s, anchor tokens/s) and
 train.log. What would not come back is said at the end (`device_payload.comes_back`).
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bf16", help="the target's dtype while it answers the prompts")
     p.add_argument("--seconds", type=float, default=540.0,
-                   help="the whole run, model loading and packing included (a device call runs at most 600)")
+                   help="the whole run, model loading and packing included (a remote command runs at most 600)")
     p.add_argument("--generate-seconds", type=float, default=90.0, help="0: no own responses")
     p.add_argument("--generate-limit", type=int, default=20000)
     p.add_argument("--generate-batch", type=int, default=512)

@@ -1,4 +1,4 @@
-"""The GPU training run's pieces, on the CPU: files in parts across the device tool's limits, the data as token ids
+"""The GPU training run's pieces, on the CPU: files in parts across a remote machine's limits, the data as token ids
 (`train-data export`), `train --heldout-file` and `--schedule time`, and `scripts/gpu_train.py` end to end on a
 tiny target, whose head must come back whole and decode losslessly."""
 
