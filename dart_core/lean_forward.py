@@ -25,6 +25,7 @@ from .fixed_step import FIXED_BUCKETS, fixed_step
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 FREE_CACHES = 4          # caches kept for the next decodes (with their graphs), enough for the app's lanes
 OFF, EAGER, CUDA = "off", "eager", "cuda"
+DYNAMIC_ROPE = ("dynamic", "longrope")   # rotary scalings that change with the positions seen: not at fixed shapes
 
 
 @dataclass
@@ -120,6 +121,9 @@ class LeanForward:
             return "sliding-window attention"
         if getattr(cfg, "mlp_bias", False) or getattr(cfg, "final_logit_softcapping", None):
             return "MLP biases or logit soft-capping"
+        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        if rope.get("rope_type", rope.get("type")) in DYNAMIC_ROPE:
+            return f"rotary scaling {rope.get('rope_type', rope.get('type'))!r} (its frequencies follow the context)"
         return None
 
     def _layer(self, layer) -> LayerWeights:

@@ -99,6 +99,9 @@ def test_models_the_lean_forward_does_not_know_keep_transformers_forward(monkeyp
     target = tiny_target("qwen3", seed=1)
     target.model.config.layer_types = ["sliding_attention"] * target.num_layers
     assert "sliding-window" in target.use_lean() and target.forward_kind == "transformers"
+    target.model.config.layer_types = ["full_attention"] * target.num_layers
+    target.model.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    assert "rotary scaling 'dynamic'" in LeanForward.unsupported(target.model)
     target.model.config.model_type = "gpt_neox"
     assert "model type" in LeanForward.unsupported(target.model)
     assert "off by request" == tiny_target("llama").use_lean(False)
