@@ -36,10 +36,11 @@ class FixedStep:
         self.kv = cache.kv            # the tensor the graphs read: a grown cache needs a new FixedStep
         self.buckets: dict[int, Captured] = {}
 
-    def fits(self, cache, taps) -> bool:
-        return cache.kv is self.kv and taps == self.taps
+    def fits(self, cache) -> bool:
+        return cache.kv is self.kv
 
-    def run(self, ids: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor | None, last_only: bool):
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor | None, last_only: bool,
+            features: bool):
         cache, n = self.cache, ids.shape[0]
         past = cache.length
         bucket = next(b for b in FIXED_BUCKETS if b >= n)
@@ -56,7 +57,7 @@ class FixedStep:
             step.logits, step.feats = self._step(step)
         cache.length = past + n
         logits = step.logits[n - 1: n] if last_only else step.logits[:n]
-        return logits.clone(), step.feats[:n].clone() if self.taps else None
+        return logits.clone(), step.feats[:n].clone() if features else None
 
     def _step(self, step: Captured):
         return self.lean.step(step.ids, step.positions, self.kv, step.write, self.kv.shape[3], step.mask, self.taps,
@@ -69,21 +70,25 @@ class FixedStep:
                         torch.zeros(bucket, self.kv.shape[3], dtype=torch.bool, device=device))
         step.mask[torch.arange(bucket, device=device), write] = True
         if self.capture:
-            self._capture(step)
+            step.graph, (step.logits, step.feats) = capture_graph(lambda: self._step(step))
         self.buckets[bucket] = step
         return step
 
-    def _capture(self, step: Captured) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                self._step(step)
-        torch.cuda.current_stream().wait_stream(side)
-        step.graph = torch.cuda.CUDAGraph()
-        # each graph keeps its own memory pool: buckets replay in any order, so none may reuse another's buffers
-        with torch.cuda.graph(step.graph):
-            step.logits, step.feats = self._step(step)
+
+def capture_graph(fn):
+    """fn's kernels captured once as a CUDA graph, after warm-up runs on a side stream (as capture asks): returns the
+    graph and fn's outputs, which every `graph.replay()` fills again from the inputs fn read."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_RUNS):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # each graph keeps its own memory pool: buckets replay in any order, so none may reuse another's buffers
+    with torch.cuda.graph(graph):
+        outputs = fn()
+    return graph, outputs
 
 
 def _fill_mask(mask: torch.Tensor, past: int, n: int, block_mask: torch.Tensor | None) -> None:
@@ -98,10 +103,11 @@ def _fill_mask(mask: torch.Tensor, past: int, n: int, block_mask: torch.Tensor |
     mask[pad, past + pad] = True
 
 
-def fixed_step(lean, cache, taps: tuple[int, ...]) -> FixedStep:
-    """The cache's FixedStep for these taps (made, with room for the largest bucket, where it has none that fits)."""
+def fixed_step(lean, cache) -> FixedStep:
+    """The cache's FixedStep (made, with room for the largest bucket, where it has none that fits). It always
+    computes the target's feature taps, so plain decoding and DART share its graphs (the bench alternates them)."""
     cache.reserve(cache.length + FIXED_BUCKETS[-1])
     current = getattr(cache, "fixed", None)
-    if current is None or not current.fits(cache, taps):
-        cache.fixed = FixedStep(lean, cache, taps, capture=lean.graphs == "cuda")
+    if current is None or not current.fits(cache):
+        cache.fixed = FixedStep(lean, cache, lean.taps, capture=lean.graphs == "cuda")
     return cache.fixed

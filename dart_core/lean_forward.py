@@ -87,7 +87,8 @@ class LeanForward:
     """The model's forward over a StaticKV, from the transformers model's weights (fused copies of the
     projections; everything else shared)."""
 
-    def __init__(self, model):
+    def __init__(self, model, taps: tuple[int, ...] = ()):
+        """taps: the layers whose inputs the drafts read (TargetModel.taps): the fixed-shape steps compute them."""
         why = self.unsupported(model)
         if why:
             raise ValueError(f"the lean forward cannot run {type(model).__name__}: {why}")
@@ -102,6 +103,7 @@ class LeanForward:
         self.norm_out = inner.norm.weight
         self.output = model.get_output_embeddings()
         self.layers = [self._layer(layer) for layer in inner.layers]
+        self.taps = tuple(taps)
         self._free: list[StaticKV] = []
         # fixed-shape steps: captured as CUDA graphs on a GPU (CUDA), run eagerly (EAGER: the same code on any
         # device, as the tests run it), or not used (OFF: every step at its own shape)
@@ -161,8 +163,8 @@ class LeanForward:
         """ids, positions [n] appended at cache.length; block_mask [n, n] (bool: row i sees block entry j) or None
         for a causal block. Returns logits [n or 1, V] and the tap layers' inputs [n, 3H] (None without taps)."""
         past, n = cache.length, ids.shape[0]
-        if self.graphs != OFF and n <= FIXED_BUCKETS[-1]:
-            return fixed_step(self, cache, taps).run(ids, positions, block_mask, last_only)
+        if self.graphs != OFF and n <= FIXED_BUCKETS[-1] and taps in ((), self.taps):
+            return fixed_step(self, cache).run(ids, positions, block_mask, last_only, features=bool(taps))
         cache.reserve(past + n)
         mask = None
         if n > 1:   # the cache is seen whole; inside the block, the tree's (or the causal) mask

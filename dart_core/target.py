@@ -61,7 +61,7 @@ class TargetModel:
         Returns why it is off (None when on). Call before `use_kernels`: the plan chooses kernels for the lean
         forward's fused projections."""
         why = LeanForward.unsupported(self.model) if on else "off by request"
-        self.lean = LeanForward(self.model) if why is None else None
+        self.lean = LeanForward(self.model, self.taps) if why is None else None
         if self.lean is not None and not graphs:
             self.lean.graphs = OFF
         return why

@@ -8,8 +8,9 @@ import torch
 
 from dart_core.decoding import GenerationConfig, run
 from dart_core.machine.kernels import measure_plan
+from dart_core import fixed_step
 from dart_core.fixed_step import FIXED_BUCKETS
-from dart_core.lean_forward import EAGER, OFF, LeanForward, StaticKV
+from dart_core.lean_forward import CUDA, EAGER, OFF, LeanForward, StaticKV
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
 from dart_core.setup import loading
@@ -129,3 +130,37 @@ def test_a_decode_hands_its_cache_back_with_its_fixed_step_for_the_next_one(one_
     assert lean.lean._free == []          # in use
     stream.close()                         # a caller that stops early (the app's stop button)
     assert lean.lean._free == [cache]
+
+
+class ReplayedOnTheCpu:
+    """What a captured CUDA graph does, on the CPU: the outputs of the capture are the graph's, and each replay
+    fills those same tensors again from the inputs the capture read (here by running the step again)."""
+    def __init__(self, fn):
+        self.fn, self.replays = fn, 0
+        self.outputs = fn()
+
+    def replay(self):
+        self.replays += 1
+        for mine, again in zip(self.outputs, self.fn()):
+            if mine is not None:
+                mine.copy_(again)
+
+
+def test_steps_captured_once_and_replayed_decode_losslessly(one_thread, monkeypatch):
+    """The GPU path's logic (static inputs filled before a replay, the capture's outputs read after it), with the
+    graph played by a stand-in, since this machine may have no CUDA."""
+    graphs = []
+
+    def capture(fn):
+        graphs.append(ReplayedOnTheCpu(fn))
+        return graphs[-1], graphs[-1].outputs
+    monkeypatch.setattr(fixed_step, "capture_graph", capture)
+    _, lean = lean_pair("qwen3", seed=5, graphs=CUDA)
+    proposer = DartProposer(HeadDrafter(random_head(lean), lean), SearchConfig(node_budget=12))
+    for prompt in prompts(4, lean.vocab_size, seed=6):
+        for p in (VanillaProposer(), proposer):
+            assert run(lean, p, prompt, GenerationConfig(max_new_tokens=16)).output_ids == \
+                plain_greedy_reference(lean, prompt, 16), p.name
+    # one capture per bucket of each cache (a longer prompt takes a larger cache), every other step a replay
+    assert len(graphs) == sum(len(c.fixed.buckets) for c in lean.lean._free)
+    assert sum(g.replays for g in graphs) > 4 * 16 // 2
