@@ -204,16 +204,13 @@ class TargetModel:
     @staticmethod
     def commit(cache: DynamicCache | StaticKV, past: int, kept_nodes: list[int]) -> None:
         """After a verify pass at offset `past`, keep only the tree nodes `kept_nodes` (in order) after `past`."""
-        if isinstance(cache, StaticKV):
-            if kept_nodes == list(range(len(kept_nodes))):
-                cache.rollback(past + len(kept_nodes))
-            else:
-                cache.keep(past, torch.tensor(kept_nodes, dtype=torch.long, device=cache.kv.device))
-            return
-        n_total = cache.get_seq_length()
         if kept_nodes == list(range(len(kept_nodes))):  # a prefix of the nodes: a plain crop is enough
             TargetModel.rollback(cache, past + len(kept_nodes))
             return
+        if isinstance(cache, StaticKV):
+            cache.keep(past, torch.tensor(kept_nodes, dtype=torch.long, device=cache.kv.device))
+            return
+        n_total = cache.get_seq_length()
         keep = torch.tensor([past + i for i in kept_nodes], dtype=torch.long)
         if int(keep.max()) >= n_total:
             raise ValueError("kept node outside the verified block")
