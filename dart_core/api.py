@@ -49,34 +49,23 @@ class Lab:
         self.tokenizer = loaded.target.tokenizer
 
     def stream(self, prompt: str | list[int], method: str = DART, max_new_tokens: int = 128,
-               temperature: float = 0.0, trace: Trace | None = None, **knobs) -> Iterator[StepRecord]:
+               temperature: float = 0.0, **knobs) -> Iterator[StepRecord]:
         """Decode `prompt` (a user message, or token ids as they are), yielding the prefill's record and then one per
         verify step. knobs: SearchConfig's fields (node_budget=16, beam_width=..., ...); node_budget='auto' (the
-        default) sizes each tree from this machine's measured costs. `trace`, when given, collects the steps."""
-        self._check(method)
-        ids = self.encode(prompt)
-        sampling = SamplingConfig(temperature).validate()
-        settings = self._settings(knobs)
-        proposer = self.loaded.proposer(method, settings)
-        config = GenerationConfig(max_new_tokens, sampling, stop_ids=self.loaded.stop_ids).validate()
-        for step in generate(self.target, proposer, ids, config):
-            if trace is not None:
-                trace.steps.append(step)
-            yield step
+        default) sizes each tree from this machine's measured costs."""
+        ids, sampling, settings = self._prepare(prompt, method, temperature, knobs)
+        yield from self._decode(ids, method, max_new_tokens, sampling, settings)
 
     def generate(self, prompt: str | list[int], method: str = DART, max_new_tokens: int = 128,
                  temperature: float = 0.0, **knobs) -> Result:
         """Decode `prompt` to the end (see `stream`); the result holds the trace of every step."""
-        self._check(method)
-        ids = self.encode(prompt)
-        trace = self.loaded.new_trace(method, ids, prompt if isinstance(prompt, str) else "", SamplingConfig(temperature), max_new_tokens,
-                                      self._settings(knobs))
-        metrics = Metrics()
-        for step in self.stream(ids, method, max_new_tokens, temperature, trace, **knobs):
-            metrics.observe(step)
+        ids, sampling, settings = self._prepare(prompt, method, temperature, knobs)
+        prompt_text = prompt if isinstance(prompt, str) else ""
+        trace = self.loaded.new_trace(method, ids, prompt_text, sampling, max_new_tokens, settings)
+        trace.steps.extend(self._decode(ids, method, max_new_tokens, sampling, settings))
         out = trace.output_ids
         text = self.tokenizer.decode(out, skip_special_tokens=True) if self.tokenizer is not None else ""
-        return Result(text, out, trace, metrics)
+        return Result(text, out, trace, Metrics.from_steps(trace.steps))
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         """A user message in the model's chat template, or token ids unchanged."""
@@ -86,11 +75,18 @@ class Lab:
             raise ConfigError("the prompt is empty")
         return [int(t) for t in prompt]
 
-    def _check(self, method: str) -> None:
+    def _prepare(self, prompt, method: str, temperature: float, knobs: dict):
+        """The prompt's ids, the sampling and the drafting settings of a call, checked before anything decodes."""
         if method not in METHODS:
             raise ConfigError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
         if uses_head(method) and self.loaded.head is None:
             raise ConfigError(f"{method} needs a draft head: load with draft='default', a head folder or 'random'")
+        return self.encode(prompt), SamplingConfig(temperature).validate(), self._settings(knobs)
+
+    def _decode(self, ids: list[int], method: str, max_new_tokens: int, sampling: SamplingConfig,
+                settings: DraftSettings) -> Iterator[StepRecord]:
+        config = GenerationConfig(max_new_tokens, sampling, stop_ids=self.loaded.stop_ids).validate()
+        return generate(self.target, self.loaded.proposer(method, settings), ids, config)
 
     def _settings(self, knobs: dict) -> DraftSettings:
         auto = knobs.get("node_budget", "auto") == "auto"
