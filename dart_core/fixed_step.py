@@ -31,8 +31,11 @@ class Captured:
 
 
 class FixedStep:
-    def __init__(self, lean, cache, taps: tuple[int, ...], capture: bool):
-        self.lean, self.cache, self.taps, self.capture = lean, cache, taps, capture
+    """One cache's fixed-shape steps, a bucket each. They always compute the lean forward's feature taps, so plain
+    decoding and DART share them (the bench alternates the two)."""
+
+    def __init__(self, lean, cache):
+        self.lean, self.cache = lean, cache
         self.kv = cache.kv            # the tensor the graphs read: a grown cache needs a new FixedStep
         self.buckets: dict[int, Captured] = {}
 
@@ -60,8 +63,8 @@ class FixedStep:
         return logits.clone(), step.feats[:n].clone() if features else None
 
     def _step(self, step: Captured):
-        return self.lean.step(step.ids, step.positions, self.kv, step.write, self.kv.shape[3], step.mask, self.taps,
-                              False)
+        return self.lean.step(step.ids, step.positions, self.kv, step.write, self.kv.shape[3], step.mask,
+                              self.lean.taps, False)
 
     def _prepare(self, bucket: int) -> Captured:
         device, past = self.kv.device, self.cache.length
@@ -69,7 +72,7 @@ class FixedStep:
         step = Captured(torch.zeros(bucket, dtype=torch.long, device=device), write.clone(), write,
                         torch.zeros(bucket, self.kv.shape[3], dtype=torch.bool, device=device))
         step.mask[torch.arange(bucket, device=device), write] = True
-        if self.capture:
+        if self.lean.graphs == "cuda":
             step.graph, (step.logits, step.feats) = capture_graph(lambda: self._step(step))
         self.buckets[bucket] = step
         return step
@@ -97,17 +100,19 @@ def _fill_mask(mask: torch.Tensor, past: int, n: int, block_mask: torch.Tensor |
     bucket = mask.shape[0]
     mask.zero_()
     mask[:n, :past] = True
-    inside = block_mask if block_mask is not None else torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
-    mask[:n, past: past + n] = inside
+    mask[:n, past: past + n] = block_or_causal(block_mask, n, mask.device)
     pad = torch.arange(n, bucket, device=mask.device)
     mask[pad, past + pad] = True
 
 
+def block_or_causal(block_mask: torch.Tensor | None, n: int, device) -> torch.Tensor:
+    """What a block's n rows see of the block itself: the tree's mask, or (None) the causal one."""
+    return block_mask if block_mask is not None else torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
 def fixed_step(lean, cache) -> FixedStep:
-    """The cache's FixedStep (made, with room for the largest bucket, where it has none that fits). It always
-    computes the target's feature taps, so plain decoding and DART share its graphs (the bench alternates them)."""
+    """The cache's FixedStep (made, with room for the largest bucket, where it has none that fits)."""
     cache.reserve(cache.length + FIXED_BUCKETS[-1])
-    current = getattr(cache, "fixed", None)
-    if current is None or not current.fits(cache):
-        cache.fixed = FixedStep(lean, cache, lean.taps, capture=lean.graphs == "cuda")
+    if cache.fixed is None or not cache.fixed.fits(cache):
+        cache.fixed = FixedStep(lean, cache)
     return cache.fixed

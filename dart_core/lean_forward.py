@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .fixed_step import FIXED_BUCKETS, fixed_step
+from .fixed_step import FIXED_BUCKETS, block_or_causal, fixed_step
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 FREE_CACHES = 4          # caches kept for the next decodes (with their graphs), enough for the app's lanes
@@ -168,9 +168,8 @@ class LeanForward:
         cache.reserve(past + n)
         mask = None
         if n > 1:   # the cache is seen whole; inside the block, the tree's (or the causal) mask
-            inside = block_mask if block_mask is not None else \
-                torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
-            mask = torch.cat([torch.ones(n, past, dtype=torch.bool, device=ids.device), inside], dim=1)
+            mask = torch.cat([torch.ones(n, past, dtype=torch.bool, device=ids.device),
+                              block_or_causal(block_mask, n, ids.device)], dim=1)
         logits, feats = self.step(ids, positions, cache.kv, past, past + n, mask, taps, last_only)
         cache.length = past + n
         return logits, feats
