@@ -65,12 +65,13 @@ def write_gguf(out: Path, kind: str) -> None:
 
 
 def write_prompts(out: Path) -> None:
+    """The bench's 20-prompt check (`--workloads mtbench,humaneval --limit 10`), as the bench tokenizes it."""
     from dart_core.setup.chat import encode_prompt
-    from dart_core.setup.datasets import humaneval_prompts, mtbench_prompts
     from dart_core.setup.loading import load_target, stop_ids
+    from dart_core.tools.bench import load_prompts
     target = load_target("default")
-    texts = [p.text for p in mtbench_prompts()[:10]] + [p.text for p in humaneval_prompts()[:10]]
-    out.write_text(json.dumps({"prompts": [encode_prompt(target.tokenizer, t) for t in texts],
+    prompts, _ = load_prompts(["mtbench", "humaneval"], None, 10)
+    out.write_text(json.dumps({"prompts": [encode_prompt(target.tokenizer, p.text, raw=p.raw) for p in prompts],
                                "stops": sorted(stop_ids(target))}))
 
 
