@@ -9,7 +9,7 @@ from tests.app_fixtures import big_search_trace, hand_trace, tiny_traces
 # The CPU paths the engine takes only where a capability exists. `capable` turns them all on: real kernels where this
 # CPU has them, stand-ins (dart_core.machine.kernels.STAND_IN_OPS) where it does not, so every path runs on every
 # machine.
-GATED = ("onednn", "onednn_bf16")
+GATED = ("onednn", "onednn_bf16", "few_rows")
 _used_by: list[str] = []
 _reported: list[str] = []    # measurements that tests report (not assert on), shown at the end of the run
 

@@ -15,7 +15,8 @@ from dart_core.machine.hardware import CPU_KINDS, ISA_LIMIT_VARIABLES, cpu_kind,
 
 ROOT = Path(__file__).resolve().parent.parent
 # the modules whose paths are gated on what the CPU can do: kernel choice and packing, dtype choice, int8 drafting
-CPU_DEPENDENT = ["tests/test_kernels.py", "tests/test_dtype_choice.py", "tests/test_draft_kernels.py"]
+CPU_DEPENDENT = ["tests/test_kernels.py", "tests/test_dtype_choice.py", "tests/test_draft_kernels.py",
+                 "tests/test_few_rows.py"]
 # Their tests, by the kernels they reach. Every kind below this one holds oneDNN down (ONEDNN_MAX_CPU_ISA): the tests
 # that reach oneDNN (the capability-gated kernels through `capable`, torch's own bf16 GEMMs, the measurements of
 # kernels and dtypes), or read what the CPU can do, run as each kind.
@@ -23,7 +24,7 @@ ON_EVERY_KIND = [
     "tests/test_kernels.py::test_detect_reads_torchs_own_queries",
     "tests/test_kernels.py::test_every_capability_off_decodes_losslessly_in_fp32_and_runs_in_bf16",
     "tests/test_kernels.py::test_packed_linears_follow_their_weights_and_pack_inference_tensors",
-    "tests/test_kernels.py::test_onednn_linears_give_the_default_logits_and_stay_lossless",
+    "tests/test_kernels.py::test_packed_kernels_give_the_default_logits_and_stay_lossless",
     "tests/test_kernels.py::test_the_measured_plan_only_chooses_kernels_that_agree",
     "tests/test_kernels.py::test_the_output_layer_takes_the_kernel_the_plan_measured_for_its_rows",
     "tests/test_dtype_choice.py::test_the_measurement_times_both_dtypes_without_touching_the_model",
@@ -40,6 +41,10 @@ ON_ATEN_KINDS = [
     "tests/test_kernels.py::test_cost_curve_interpolates_and_is_cached_per_machine",
     "tests/test_draft_kernels.py::test_the_int8_copy_drafts_nearly_the_same_rows_and_leaves_the_head_alone",
     "tests/test_draft_kernels.py::test_sampling_with_an_int8_head_matches_the_target_distribution",
+    # our few-row kernel is built for the kind's instruction set (AVX2 for avx2, SSE for x86-64: few_rows.MARCH)
+    "tests/test_few_rows.py::test_it_computes_what_torch_computes_for_any_shape_rows_and_bias",
+    "tests/test_few_rows.py::test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count",
+    "tests/test_few_rows.py::test_the_kernel_shares_torchs_openmp_runtime",
 ]
 # Logic on made-up hardware, timings and command lines: the same on every CPU, run in the main run only.
 ON_ANY_CPU = [
@@ -50,6 +55,8 @@ ON_ANY_CPU = [
     "tests/test_dtype_choice.py::test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster",
     "tests/test_dtype_choice.py::test_train_and_train_data_default_to_the_measured_dtype",
     "tests/test_draft_kernels.py::test_auto_takes_int8_only_where_it_measures_faster",
+    "tests/test_few_rows.py::test_bad_inputs_are_refused_in_one_line",
+    "tests/test_few_rows.py::test_a_build_that_cannot_happen_says_why",
 ]
 HERE = detect()
 # the kinds below this one that CPUs still ship with; an AVX2 machine runs as the x86-64 baseline

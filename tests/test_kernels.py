@@ -10,8 +10,9 @@ import torch
 
 from dart_core.decoding import GenerationConfig, run
 from dart_core.machine.hardware import Hardware, detect
-from dart_core.machine.kernels import DEFAULT, ONEDNN, ONEDNN_OPS, ROW_BUCKETS, STAND_IN_OPS, KernelPlan, \
-    PackedLinear, available_kernels, decoder_linears, measure_plan, pack_ops, shape_key
+from dart_core.machine import few_rows
+from dart_core.machine.kernels import DEFAULT, FEW_ROWS, FEW_ROWS_STAND_IN, ONEDNN, ONEDNN_OPS, ROW_BUCKETS, \
+    STAND_IN_OPS, KernelPlan, PackedLinear, available_kernels, decoder_linears, measure_plan, pack_ops, shape_key
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup import calibration
 from dart_core.machine.records import CostCurve
@@ -24,9 +25,9 @@ from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, r
 PROMPTS = [[1, 5, 9, 13, 17], [1, 40, 41, 42, 40, 41, 42, 40], [1, 3]]
 
 
-def all_onednn(target: TargetModel) -> KernelPlan:
+def all_on(target: TargetModel, kernel: str = ONEDNN) -> KernelPlan:
     keys = {shape_key(m) for m in decoder_linears(target.model)}
-    return KernelPlan({k: [ONEDNN] * len(ROW_BUCKETS) for k in keys})
+    return KernelPlan({k: [kernel] * len(ROW_BUCKETS) for k in keys})
 
 
 def greedy_outputs(target: TargetModel, proposer, n: int = 20) -> list[list[int]]:
@@ -38,6 +39,7 @@ def test_detect_reads_torchs_own_queries():
     assert hw.is_cpu and hw.capability == torch.backends.cpu.get_cpu_capability()
     assert hw.threads == torch.get_num_threads() and hw.onednn == torch.backends.mkldnn.is_available()
     assert hw.onednn_bf16 == (hw.onednn and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+    assert hw.few_rows == (few_rows.kernel(hw.kind) is not None)
     off = hw.without("onednn", "onednn_bf16")
     assert not off.onednn and not off.onednn_bf16 and off.name == hw.name
     assert hw.capability in hw.describe() and "threads" in hw.describe()
@@ -56,7 +58,8 @@ def test_bf16_kernels_only_where_the_cpu_has_them():
 def test_every_capability_off_decodes_losslessly_in_fp32_and_runs_in_bf16():
     for dtype in (torch.float32, torch.bfloat16):
         base = tiny_target("llama", seed=3, dtype=dtype)
-        target = TargetModel(base.model, hardware=detect().without("onednn", "onednn_bf16", "mkl"))
+        target = TargetModel(base.model, hardware=detect().without("onednn", "onednn_bf16", "mkl",
+                                                                                        "few_rows"))
         assert not target.own_output_layer                      # without a packed kernel: the model's own forward
         target.use_kernels(measure_plan(target.planned_linears(), target.hardware))
         assert target.fast_linears.plan.choices == {}           # nothing but the default kernel to choose from
@@ -85,6 +88,8 @@ def test_stand_ins_turn_capabilities_on_where_the_machine_lacks_them():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_linears_follow_their_weights_and_pack_inference_tensors(dtype, capable):
     ops_here = {STAND_IN_OPS, pack_ops(capable, dtype)}            # the stand-in, and the real kernel if it runs here
+    if dtype == torch.float32:
+        ops_here |= {FEW_ROWS_STAND_IN, pack_ops(capable, dtype, FEW_ROWS)}
     tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 2e-2}
     x = torch.randn(3, 16).to(dtype)
     for ops in ops_here:
@@ -102,15 +107,16 @@ def test_packed_linears_follow_their_weights_and_pack_inference_tensors(dtype, c
         assert torch.allclose(packed(x).float(), linear(x).float(), **tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_onednn_linears_give_the_default_logits_and_stay_lossless(dtype, capable):
+@pytest.mark.parametrize("dtype,kernel", [(torch.float32, ONEDNN), (torch.bfloat16, ONEDNN),
+                                          (torch.float32, FEW_ROWS)])
+def test_packed_kernels_give_the_default_logits_and_stay_lossless(dtype, kernel, capable):
     base = tiny_target("llama", seed=4, dtype=dtype)
     target = TargetModel(base.model, hardware=capable)
     assert target.own_output_layer                   # our forwards apply the output layer, in either dtype
     expected = [plain_greedy_reference(target, p, 24) for p in PROMPTS]
     ids, pos = torch.tensor([1, 7, 9, 11]), torch.arange(4)
     plain, _ = target.forward(ids, pos, target.new_cache())
-    target.use_kernels(all_onednn(target))
+    target.use_kernels(all_on(target, kernel))
     assert target.fast_linears.extra_bytes == sum(m.weight.numel() * m.weight.element_size()
                                                   for m in decoder_linears(target.model))
     fast, _ = target.forward(ids, pos, target.new_cache())
@@ -135,9 +141,10 @@ def test_the_measured_plan_only_chooses_kernels_that_agree(dtype, capable):
     plan = measure_plan(linears, capable, rounds=1)
     assert set(plan.choices) == {shape_key(m) for m in linears}
     for key, choice in plan.choices.items():
-        assert len(choice) == len(ROW_BUCKETS) and set(choice) <= {DEFAULT, ONEDNN}
+        kernels = {DEFAULT, ONEDNN} | ({FEW_ROWS} if dtype == torch.float32 else set())
+        assert len(choice) == len(ROW_BUCKETS) and set(choice) <= kernels
         timings = plan.timings[key]
-        assert set(timings) == {DEFAULT, ONEDNN}
+        assert set(timings) == kernels
         for i, kernel in enumerate(choice):   # the chosen kernel is the fastest measured
             assert timings[kernel][i] == min(t[i] for t in timings.values())
     assert plan.kernel_for(next(iter(plan.choices)), 500) == DEFAULT    # a prefill: the default GEMM
@@ -194,7 +201,7 @@ def test_the_output_layer_takes_the_kernel_the_plan_measured_for_its_rows(tmp_pa
     # the set-up measures the output layer with the decoder linears, on this machine
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     plan = calibration.kernel_plan(TargetModel(base.model, hardware=capable))
-    assert head_key in plan.choices and set(plan.timings[head_key]) == {DEFAULT, ONEDNN}
+    assert head_key in plan.choices and set(plan.timings[head_key]) == {DEFAULT, ONEDNN, FEW_ROWS}
     # a target that leaves the output layer to the model measures its own plan: the one above is not read for it
     model_applies_it = TargetModel(base.model, hardware=capable)
     model_applies_it.own_output_layer = False

@@ -15,6 +15,7 @@ from functools import lru_cache
 
 import torch
 
+from . import few_rows
 
 @dataclass(frozen=True)
 class Hardware:
@@ -26,6 +27,7 @@ class Hardware:
     onednn_bf16: bool = False    # oneDNN's bf16 path (native bf16 instructions)
     onednn_fp16: bool = False
     mkl: bool = False            # MKL's packed GEMM (fp32)
+    few_rows: bool = False       # our own few-row fp32 kernel, built for this CPU (few_rows.py)
     stand_ins: tuple[str, ...] = ()   # capabilities turned on though this machine lacks them (tests only)
     kind: str = ""               # the CPU kind the kernels see (CPU_KINDS), after any instruction-set limit
     limits: str = ""             # instruction-set limits set in the environment ("ONEDNN_MAX_CPU_ISA=AVX2 ..."), or ""
@@ -77,9 +79,11 @@ def detect(device: str = "cpu") -> Hardware:
     onednn = torch.backends.mkldnn.is_available()
     capability = torch.backends.cpu.get_cpu_capability()
     bf16 = onednn and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    kind = cpu_kind(capability, bf16)
     return Hardware("cpu", cpu_name(), capability, torch.get_num_threads(), onednn, bf16,
                     onednn and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),
-                    torch.backends.mkl.is_available(), kind=cpu_kind(capability, bf16), limits=isa_limits())
+                    torch.backends.mkl.is_available(), few_rows.kernel(kind) is not None, kind=kind,
+                    limits=isa_limits())
 
 
 # The CPU kinds this project meets, oldest first, and the environment that makes a newer CPU run as each (torch's

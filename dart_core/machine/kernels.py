@@ -1,7 +1,8 @@
 """The target's decoder linears through the kernel measured fastest on this machine for the rows at hand.
 
-A verify forward has a few rows (the tree's nodes). On CPUs, torch's default GEMM is slow for 2-16 rows, and oneDNN
-with the weight packed once is often much faster (measurements: docs/cpu-speed.md#measured-kernels-for-few-rows).
+A verify forward has a few rows (the tree's nodes). On CPUs, torch's default GEMM is slow for 2-16 rows; oneDNN with
+the weight packed once is often much faster (measurements: docs/cpu-speed.md#measured-kernels-for-few-rows), and our
+own few-row kernel (few_rows.c, fp32, built for the CPU at hand) faster still on the CPUs measured so far.
 Which kernel wins depends on the CPU, the shape, the dtype and the threads, so it is measured per machine
 (`measure_plan`, a few seconds at the first load) and cached by the set-up code.
 
@@ -21,10 +22,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
+from . import few_rows
 from .hardware import Hardware
 from .records import KernelsInUse
 
-DEFAULT, ONEDNN = "default", "onednn"
+DEFAULT, ONEDNN, FEW_ROWS = "default", "onednn", "few_rows"
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)   # rows measured; a forward of r rows uses the first bucket >= r
 PACK_HINT = 8                            # the row count oneDNN packs the weights for
 
@@ -54,20 +56,29 @@ ONEDNN_OPS = PackOps(lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_H
 # Where a test turns on a capability this machine lacks (bf16 on an AVX2-only CPU): the same packed copy, caching
 # and version tracking around a kernel that runs anywhere, so every path gated on the capability is exercised.
 STAND_IN_OPS = PackOps(lambda w: w.clone(), F.linear)
+# The few-row kernel's stand-in packs the weights as the real one does and computes from that layout in torch.
+FEW_ROWS_STAND_IN = PackOps(lambda w: few_rows.pack(w, 16), few_rows.stand_in_linear)
 
 
-def pack_ops(hardware: Hardware, dtype: torch.dtype) -> PackOps:
-    """oneDNN's kernel, or its stand-in where the capability that `dtype` needs is one of `hardware.stand_ins`."""
+def pack_ops(hardware: Hardware, dtype: torch.dtype, kernel: str = ONEDNN) -> PackOps:
+    """`kernel`'s packing and product, or its stand-in where the capability it needs is one of
+    `hardware.stand_ins`."""
+    if kernel == FEW_ROWS:
+        built = None if "few_rows" in hardware.stand_ins else few_rows.kernel(hardware.kind)
+        return PackOps(built.pack, built.linear) if built is not None else FEW_ROWS_STAND_IN
     needs = "onednn_bf16" if dtype == torch.bfloat16 else "onednn"
     return STAND_IN_OPS if needs in hardware.stand_ins or "onednn" in hardware.stand_ins else ONEDNN_OPS
 
 
 def available_kernels(hardware: Hardware, dtype: torch.dtype) -> list[str]:
-    """The kernels this machine can run for `dtype` (default always; oneDNN on a CPU that has its path)."""
+    """The kernels this machine can run for `dtype`: default always; oneDNN on a CPU that has its path; the few-row
+    kernel in fp32 on a CPU where it was built."""
     kernels = [DEFAULT]
     if hardware.is_cpu and hardware.onednn and (dtype == torch.float32 or (dtype == torch.bfloat16 and
                                                                            hardware.onednn_bf16)):
         kernels.append(ONEDNN)
+    if hardware.is_cpu and hardware.few_rows and dtype == torch.float32:
+        kernels.append(FEW_ROWS)
     return kernels
 
 
@@ -93,10 +104,11 @@ class KernelPlan:
 
 
 class PackedLinear:
-    """One linear computed by oneDNN from a copy of its weight packed once (packed again if the weight changes).
+    """One linear computed by a packed kernel (oneDNN's, or our few-row one) from a copy of its weight packed once
+    (packed again if the weight changes).
 
-    For few rows it beats torch's default GEMM and `torch.utils.mkldnn.MkldnnLinear` alike, which is why the output
-    layers use it too (measurements: docs/cpu-speed.md#measured-kernels-for-few-rows). The price is the packed copy
+    For few rows these beat torch's default GEMM and `torch.utils.mkldnn.MkldnnLinear` alike, which is why the output
+    layers use them too (measurements: docs/cpu-speed.md#measured-kernels-for-few-rows). The price is the packed copy
     in memory."""
 
     def __init__(self, linear: torch.nn.Linear, ops: PackOps = ONEDNN_OPS):
@@ -106,7 +118,7 @@ class PackedLinear:
     def _pack(self) -> None:
         w = self.linear.weight
         self.weight = self.ops.pack(w.detach())
-        self.bias = None if self.linear.bias is None else self.linear.bias.detach()
+        self.bias = None if self.linear.bias is None else self.linear.bias.detach().contiguous()
         self.version = weight_version(w)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,9 +146,9 @@ def onednn_applies(layer, hardware: Hardware) -> bool:
     return layer.weight.dtype == torch.float32
 
 
-def packed_linear(layer: torch.nn.Linear, hardware: Hardware) -> PackedLinear:
-    """`layer` on oneDNN's packed weight (or its stand-in, where `hardware` says so); see `onednn_applies`."""
-    return PackedLinear(layer, pack_ops(hardware, layer.weight.dtype))
+def packed_linear(layer: torch.nn.Linear, hardware: Hardware, kernel: str = ONEDNN) -> PackedLinear:
+    """`layer` on `kernel`'s packed weight (or its stand-in, where `hardware` says so); see `onednn_applies`."""
+    return PackedLinear(layer, pack_ops(hardware, layer.weight.dtype, kernel))
 
 
 @torch.inference_mode()
@@ -152,8 +164,8 @@ def measure_plan(linears: list[torch.nn.Linear], hardware: Hardware, rounds: int
         if len(kernels) == 1:
             continue
         fns = {DEFAULT: [lambda x, m=m: F.linear(x, m.weight, m.bias) for m in group]}
-        if ONEDNN in kernels:
-            fns[ONEDNN] = [packed_linear(m, hardware) for m in group]
+        for kernel in kernels[1:]:
+            fns[kernel] = [packed_linear(m, hardware, kernel) for m in group]
         times: dict[str, list[float]] = {k: [] for k in fns}
         for rows in plan.buckets:
             x = torch.randn(rows, first.in_features, dtype=first.weight.dtype, device=first.weight.device)
@@ -196,8 +208,8 @@ def measure_dtypes(linears: list[torch.nn.Linear], hardware: Hardware, dtypes=(t
         for group in groups.values():
             sample = [_copy_as(m, dtype) for m in group[:MAX_PER_SHAPE]]
             fns = [[lambda x, m=m: F.linear(x, m.weight, m.bias) for m in sample]]
-            if ONEDNN in available_kernels(hardware, dtype):
-                fns.append([packed_linear(m, hardware) for m in sample])
+            fns += [[packed_linear(m, hardware, kernel) for m in sample]
+                    for kernel in available_kernels(hardware, dtype)[1:]]
             for j, rows in enumerate(rows_measured):
                 x = torch.randn(rows, sample[0].in_features, dtype=dtype, device=sample[0].weight.device)
                 total[j] += len(group) / len(sample) * min(_best_time(f, x, rounds) for f in fns)
@@ -222,8 +234,9 @@ class FastLinears:
     def __init__(self, linears: list[torch.nn.Linear], plan: KernelPlan, hardware: Hardware):
         self.plan = plan
         self.linears = [m for m in linears if self.plan.choices.get(shape_key(m))]
-        self.packed = {id(m): packed_linear(m, hardware) for m in self.linears
-                       if ONEDNN in plan.choices[shape_key(m)]}
+        # each linear's packed copies, one per kernel its plan chooses at some row count
+        self.packed = {id(m): {k: packed_linear(m, hardware, k) for k in dict.fromkeys(plan.choices[shape_key(m)])
+                               if k != DEFAULT} for m in self.linears}
         # built once: entering `active()` for every forward only assigns them (building them there cost a visible
         # share of a verify; measurements: docs/cpu-speed.md#measured-kernels-for-few-rows)
         self._forwards = [(m, types.MethodType(self._forward(m), m)) for m in self.linears]
@@ -231,7 +244,7 @@ class FastLinears:
     @property
     def extra_bytes(self) -> int:
         """Memory of the packed copies (the original weights stay for transformers' own forwards)."""
-        return sum(m.weight.numel() * m.weight.element_size() for m in self.linears if id(m) in self.packed)
+        return sum(m.weight.numel() * m.weight.element_size() * len(self.packed[id(m)]) for m in self.linears)
 
     def summary(self) -> KernelsInUse:
         """Which kernel each shape uses per row bucket, and the memory of the packed copies."""
@@ -249,15 +262,15 @@ class FastLinears:
                 del m.forward   # back to nn.Linear.forward
 
     def _forward(self, linear: torch.nn.Linear):
-        key, packed, plan = shape_key(linear), self.packed.get(id(linear)), self.plan
-        onednn_rows: dict[int, bool] = {}   # the plan's answer per row count, looked up once
+        key, packed, plan = shape_key(linear), self.packed[id(linear)], self.plan
+        by_rows: dict[int, PackedLinear | None] = {}   # the plan's kernel per row count, looked up once
 
         def forward(module, x):
             rows = x.numel() // x.shape[-1]
-            use = onednn_rows.get(rows)
-            if use is None:
-                use = onednn_rows[rows] = packed is not None and plan.kernel_for(key, rows) == ONEDNN
-            return packed(x) if use else F.linear(x, module.weight, module.bias)
+            if rows not in by_rows:
+                by_rows[rows] = packed.get(plan.kernel_for(key, rows))
+            kernel = by_rows[rows]
+            return kernel(x) if kernel is not None else F.linear(x, module.weight, module.bias)
         return forward
 
 

@@ -60,8 +60,9 @@ def _file_name(what: str, hw: Hardware, depends_on: list) -> str:
     """A measurement's cache file: `what`, then a digest of the machine, torch and what else it depends on."""
     stand_ins = [list(hw.stand_ins)] if hw.stand_ins else []   # a test's simulated capabilities measure apart
     limits = [hw.limits] if hw.limits else []    # so do runs held to an older CPU kind (hardware.CPU_KINDS)
+    kernels = ["few_rows"] if hw.few_rows else []   # a plan measured without our kernel is not read where it is built
     ident = json.dumps([FORMAT, what, hw.name, hw.capability, hw.threads, torch.__version__, *depends_on, *stand_ins,
-                        *limits])
+                        *limits, *kernels])
     return f"{what}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
 
 

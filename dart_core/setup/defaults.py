@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from ..machine.paths import cache_root  # noqa: F401 (where the set-up's callers have always found it)
 from ..tree_search import SearchConfig
 
 
@@ -37,8 +37,3 @@ def default_search_config(device: str = "cpu") -> SearchConfig:
     return SearchConfig(node_budget=CPU_NODE_BUDGET) if str(device).startswith("cpu") else SearchConfig()
 
 
-def cache_root() -> Path:
-    """Where derived files (the safetensors copy of the default model, built n-gram tables) are cached."""
-    base = os.environ.get("DART_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dart-lab")
-    return Path(base)

@@ -1,0 +1,149 @@
+"""Our own fp32 kernel for linears of few rows (few_rows.c), built for the CPU at hand with its C compiler.
+
+A decode step computes each linear for 1 row, a verify for a handful; both read every weight once, so the kernel that
+keeps memory busy wins. torch's GEMMs leave much of it unused at 2-16 rows (docs/performance.md). The C source is
+compiled once per CPU (cached under cache_root()/kernels, named by the source, the flags and the CPU) and called
+through ctypes on a packed copy of each weight. Where no compiler works, the machine simply lacks the capability
+(`Hardware.few_rows`), and the kernel plan never offers it; tests run the same packing with a stand-in kernel.
+
+The library is linked against OpenMP and loaded after torch, so it shares torch's OpenMP runtime (libgomp.so.1 is
+resolved to the copy torch loaded) instead of starting a second pool of threads on the same cores.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from .paths import cache_root
+
+SOURCE = Path(__file__).with_name("few_rows.c")
+BUILD_SECONDS = 120
+# The instruction set the build targets, by CPU kind (hardware.CPU_KINDS): a process held to an older kind gets that
+# kind's code, as torch's own kernels do; the machine's own kind gets everything its CPU has.
+MARCH = {"x86-64": "-march=x86-64", "avx2": "-march=x86-64-v3"}
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight [N, K] packed as [ceil(N / width), K, width] (zeros past N), and its N."""
+    blocks: torch.Tensor
+    out_features: int
+
+
+def pack(weight: torch.Tensor, width: int) -> PackedWeight:
+    n, k = weight.shape
+    padded = -(-n // width) * width
+    w = torch.zeros(padded, k, dtype=torch.float32)
+    w[:n] = weight.detach().float()
+    return PackedWeight(w.view(padded // width, width, k).transpose(1, 2).contiguous(), n)
+
+
+class FewRowsKernel:
+    """The built library: `linear(x, packed, bias)` computes x @ W^T + b for x [M, K] fp32."""
+
+    def __init__(self, path: Path):
+        self.lib = ctypes.CDLL(str(path))
+        self.lib.few_rows_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+        self.lib.few_rows_linear.restype = None
+        self.width = int(self.lib.few_rows_width())
+
+    def pack(self, weight: torch.Tensor) -> PackedWeight:
+        return pack(weight, self.width)
+
+    def linear(self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        x = x.contiguous()
+        rows, k = x.shape
+        if w.blocks.shape[1] != k or x.dtype != torch.float32:
+            raise ValueError(f"few-row kernel: x {tuple(x.shape)} {x.dtype} against a packed [{w.out_features}, "
+                             f"{w.blocks.shape[1]}] fp32 weight")
+        y = torch.empty(rows, w.out_features, dtype=torch.float32)
+        self.lib.few_rows_linear(x.data_ptr(), w.blocks.data_ptr(), None if bias is None else bias.data_ptr(),
+                                 y.data_ptr(), rows, k, w.out_features, torch.get_num_threads())
+        return y
+
+
+def stand_in_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernel's arithmetic in torch, from the same packed layout (where the real one cannot be built)."""
+    y = torch.einsum("mk,bkv->mbv", x.float(), w.blocks).reshape(x.shape[0], -1)[:, : w.out_features]
+    return y if bias is None else y + bias
+
+
+def kernel(kind: str) -> FewRowsKernel | None:
+    """The kernel built for CPU kind `kind` (None where it cannot be built: see `why_not`)."""
+    built = _built(kind)
+    return built if isinstance(built, FewRowsKernel) else None
+
+
+def why_not(kind: str) -> str | None:
+    """Why the kernel cannot run here, or None when it can."""
+    built = _built(kind)
+    return built if isinstance(built, str) else None
+
+
+@lru_cache(maxsize=None)
+def _built(kind: str) -> FewRowsKernel | str:
+    if os.environ.get("DART_FEW_ROWS") == "off":
+        return "turned off (DART_FEW_ROWS=off)"
+    compiler = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+    if compiler is None:
+        return "no C compiler (cc) on this machine"
+    native = "-march=native" if platform.machine() in ("x86_64", "AMD64") else "-mcpu=native"
+    march = MARCH.get(kind, native)
+    last = ""
+    for openmp in (["-fopenmp"], []):   # without OpenMP (Apple's clang) the kernel runs on one thread
+        flags = ["-O3", march, *openmp, "-shared", "-fPIC"]
+        path = _library_path(compiler, flags)
+        if not path.is_file():
+            last = _compile(compiler, flags, path)
+            if last:
+                continue
+        try:
+            return FewRowsKernel(path)
+        except OSError as e:
+            last = f"built but not loadable: {e}"
+    return f"the C compiler failed: {last}"
+
+
+def _library_path(compiler: str, flags: list[str]) -> Path:
+    """Named by everything the binary depends on: a shared cache never hands one CPU's build to another."""
+    ident = "\n".join([SOURCE.read_text(), compiler, *flags, _cpu_identity(), torch.__version__])
+    return cache_root() / "kernels" / f"few_rows-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.so"
+
+
+def _cpu_identity() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            lines = [line for line in fh if line.startswith(("model name", "flags"))][:2]
+        return "".join(lines)
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _compile(compiler: str, flags: list[str], path: Path) -> str:
+    """Builds the library at `path` (written whole or not at all); returns '' or the compiler's complaint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True,
+                              timeout=BUILD_SECONDS)
+        if done.returncode != 0:
+            return (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1][:200]
+        os.replace(tmp, path)
+        return ""
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)[:200]
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

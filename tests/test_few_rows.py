@@ -1,0 +1,97 @@
+"""Our few-row fp32 kernel (dart_core/machine/few_rows.c): built for this CPU (or for the kind this process is held to,
+tests/test_cpu_kinds.py), it computes x @ W^T + b as torch does, each row alone, and a build that cannot happen says
+why instead of failing. Where this machine has no C compiler, the stand-in (the same packing, torch's arithmetic) is
+what the `capable` fixture runs, and these tests check that the build says so."""
+
+import platform
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dart_core.machine import few_rows
+from dart_core.machine.hardware import detect
+
+HERE = detect()
+KERNEL = few_rows.kernel(HERE.kind)
+
+
+def real_or_why():
+    """The kernel built here; where none can be built, the reason must be said and the stand-in is all there is."""
+    if KERNEL is None:
+        assert few_rows.why_not(HERE.kind) and not HERE.few_rows
+    return KERNEL
+
+
+@pytest.mark.parametrize("out_features,in_features", [(1, 5), (7, 16), (33, 70), (100, 64), (257, 576)])
+def test_it_computes_what_torch_computes_for_any_shape_rows_and_bias(out_features, in_features):
+    kernel = real_or_why()
+    gen = torch.Generator().manual_seed(out_features)
+    linear = torch.nn.Linear(in_features, out_features)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(out_features, in_features, generator=gen))
+    for bias in (None, linear.bias.detach()):
+        for rows in (1, 2, 3, 8, 9, 20):
+            x = torch.randn(rows, in_features, generator=gen)
+            expected = F.linear(x, linear.weight, bias)
+            outs = [few_rows.stand_in_linear(x, few_rows.pack(linear.weight, 16), bias)]
+            if kernel is not None:
+                outs.append(kernel.linear(x, kernel.pack(linear.weight), bias))
+            for out in outs:
+                assert out.shape == (rows, out_features)
+                assert torch.allclose(out, expected, atol=1e-4, rtol=1e-4), (rows, bias is None)
+
+
+def test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count():
+    """Each output is summed in one fixed order whatever the rows beside it: a tree's verify reproduces plain
+    decoding's products bit for bit."""
+    kernel = real_or_why()
+    if kernel is None:
+        return
+    gen = torch.Generator().manual_seed(0)
+    w, b = kernel.pack(torch.randn(200, 96, generator=gen)), torch.randn(200, generator=gen)
+    x = torch.randn(13, 96, generator=gen)
+    together = kernel.linear(x, w, b)
+    assert all(torch.equal(kernel.linear(x[i: i + 1], w, b)[0], together[i]) for i in range(13))
+    assert torch.equal(kernel.linear(x[3:9], w, b), together[3:9])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(kernel.linear(x, w, b), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bad_inputs_are_refused_in_one_line():
+    kernel = real_or_why()
+    if kernel is None:
+        return
+    w = kernel.pack(torch.randn(8, 16))
+    with pytest.raises(ValueError, match="few-row kernel"):
+        kernel.linear(torch.randn(2, 15), w, None)
+    with pytest.raises(ValueError, match="few-row kernel"):
+        kernel.linear(torch.randn(2, 16, dtype=torch.float64), w, None)
+
+
+def test_a_build_that_cannot_happen_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")      # a "compiler" that fails every build
+    monkeypatch.setattr(few_rows.shutil, "which", lambda name: "/bin/false" if name == "false" else None)
+    said = few_rows._built.__wrapped__(HERE.kind)
+    assert isinstance(said, str) and said.startswith("the C compiler failed")
+    monkeypatch.setattr(few_rows.shutil, "which", lambda name: None)
+    assert few_rows._built.__wrapped__(HERE.kind) == "no C compiler (cc) on this machine"
+    monkeypatch.setenv("DART_FEW_ROWS", "off")
+    assert "DART_FEW_ROWS=off" in few_rows._built.__wrapped__(HERE.kind)
+    assert not list(tmp_path.rglob("*.so"))      # nothing half-written was left
+
+
+def test_the_kernel_shares_torchs_openmp_runtime():
+    """Two OpenMP runtimes would each keep threads spinning on the same two cores."""
+    kernel = real_or_why()
+    if kernel is None or platform.system() != "Linux":
+        return
+    kernel.linear(torch.randn(2, 16), kernel.pack(torch.randn(8, 16)), None)
+    with open("/proc/self/maps") as fh:
+        runtimes = {line.split()[-1] for line in fh if "libgomp" in line or "libiomp" in line}
+    assert len(runtimes) <= 1, runtimes
