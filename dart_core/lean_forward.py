@@ -7,7 +7,7 @@ allocated once and written in place, and committing a tree's accepted path is an
 forward is a plain function of tensors, so a CUDA graph can capture it whole.
 
 It reads the transformers model's own weights and modules (norms' eps, the rotary embedding with its scaling) and
-copies only the fused projections. `LeanForward.unsupported(model)` says why a model cannot take it (sliding-window
+copies only the fused projections (and Qwen3's q and k norms, side by side). `LeanForward.unsupported(model)` says why a model cannot take it (sliding-window
 layers, an unknown activation, ...); the target then keeps transformers' forward. On a GPU the steps run at fixed
 shapes, captured as CUDA graphs (dart_core.fixed_step). tests/test_lean_forward.py checks it against transformers'
 forward and decodes losslessly with it, at its own shapes and at fixed ones.
@@ -34,8 +34,7 @@ class LayerWeights:
     the kernel plan (dart_core.machine.kernels.FastLinears) can put each on the kernel measured fastest for its rows."""
     norm_in: torch.Tensor
     qkv: torch.nn.Linear              # q, k and v projections stacked: [(H + 2 KV) d, hidden]
-    q_norm: torch.Tensor | None       # Qwen3 normalizes each head's q and k before the rotation
-    k_norm: torch.Tensor | None
+    qk_norm: torch.Tensor | None      # Qwen3 normalizes each head's q and k before the rotation: [H + KV, d]
     o: torch.nn.Linear
     norm_post: torch.Tensor
     gate_up: torch.nn.Linear          # gate and up projections stacked: [2 I, hidden]
@@ -108,6 +107,7 @@ class LeanForward:
         # fixed-shape steps: captured as CUDA graphs on a GPU (CUDA), run eagerly (EAGER: the same code on any
         # device, as the tests run it), or not used (OFF: every step at its own shape)
         self.graphs = CUDA if self.embed.device.type == "cuda" else OFF
+        self.native = None   # on a CPU in fp32: the C layer for decode and verify steps (dart_core.lean_native)
 
     @staticmethod
     def unsupported(model) -> str | None:
@@ -131,10 +131,11 @@ class LeanForward:
     def _layer(self, layer) -> LayerWeights:
         att, mlp = layer.self_attn, layer.mlp
         norm = getattr(att, "q_norm", None)
+        qk_norm = None if norm is None else torch.cat([norm.weight[None].expand(self.heads, -1),
+                                                       att.k_norm.weight[None].expand(self.kv_heads, -1)])
         return LayerWeights(
             norm_in=layer.input_layernorm.weight, qkv=_stacked([att.q_proj, att.k_proj, att.v_proj]),
-            q_norm=norm.weight if norm is not None else None, k_norm=att.k_norm.weight if norm is not None else None,
-            o=att.o_proj, norm_post=layer.post_attention_layernorm.weight,
+            qk_norm=qk_norm, o=att.o_proj, norm_post=layer.post_attention_layernorm.weight,
             gate_up=_stacked([mlp.gate_proj, mlp.up_proj]), down=mlp.down_proj)
 
     def linears(self) -> list[torch.nn.Linear]:
@@ -165,6 +166,8 @@ class LeanForward:
         past, n = cache.length, ids.shape[0]
         if self.graphs != OFF and n <= FIXED_BUCKETS[-1] and taps in ((), self.taps):
             return fixed_step(self, cache).run(ids, positions, block_mask, last_only, features=bool(taps))
+        if self.native is not None and n <= self.native.max_rows:
+            return self.native.forward(ids, positions, cache, block_mask, taps, last_only)
         cache.reserve(past + n)
         mask = None
         if n > 1:   # the cache is seen whole; inside the block, the tree's (or the causal) mask
@@ -180,7 +183,7 @@ class LeanForward:
         n = ids.shape[0]
         hidden = F.embedding(ids, self.embed)[None]                       # [1, n, hidden]
         cos, sin = self.rotary(hidden, positions[None])
-        cos, sin = cos[:, None], sin[:, None]                              # [1, 1, n, d]
+        cos, sin = cos[:, :, None], sin[:, :, None]                        # [1, n, 1, d]: every head alike
         attn_mask = mask[None, None] if mask is not None else None
         captured = {}
         for i, w in enumerate(self.layers):
@@ -199,16 +202,13 @@ class LeanForward:
         return logits, feats
 
     def _attention(self, w: LayerWeights, x, cos, sin, kv, write, span: int, attn_mask):
-        n = x.shape[1]
-        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        q, k, v = w.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(1, n, self.heads, self.head_dim)
-        k = k.view(1, n, self.kv_heads, self.head_dim)
-        if w.q_norm is not None:
-            q, k = _rms(q, w.q_norm, self.eps), _rms(k, w.k_norm, self.eps)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        n, heads = x.shape[1], self.heads
+        qkv = w.qkv(x).view(1, n, heads + 2 * self.kv_heads, self.head_dim)
+        qk, v = qkv[:, :, : heads + self.kv_heads], qkv[:, :, heads + self.kv_heads:].transpose(1, 2)
+        if w.qk_norm is not None:
+            qk = _rms(qk, w.qk_norm, self.eps)
+        qk = _rotate(qk, cos, sin)   # q's heads and k's at once: the same arithmetic, half the operations
+        q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
         if isinstance(write, int):
             kv[0, :, write: write + n] = k[0]
             kv[1, :, write: write + n] = v[0]
@@ -218,7 +218,7 @@ class LeanForward:
         keys, values = kv[0, None, :, :span], kv[1, None, :, :span]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=self.head_dim ** -0.5,
                                              enable_gqa=self.kv_heads != self.heads)
-        return w.o(out.transpose(1, 2).reshape(1, n, q_size))
+        return w.o(out.transpose(1, 2).reshape(1, n, heads * self.head_dim))
 
 
 def _stacked(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
@@ -236,7 +236,12 @@ def _stacked(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm: the statistics in fp32, the weight applied in the input's dtype."""
+    """transformers' RMSNorm: the statistics in fp32, the weight applied in the input's dtype. In fp32 on a CPU, torch's
+    fused kernel: the same bits (tests/test_lean_forward.py), one operation instead of eight."""
+    if x.dtype == torch.float32 and x.device.type == "cpu":
+        if weight.dim() == 1:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight   # a weight per head (Qwen3's q and k norms)
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 

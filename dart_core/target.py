@@ -15,6 +15,8 @@ from transformers import DynamicCache
 from .machine.hardware import Hardware, detect
 from .machine.kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies
 from .lean_forward import OFF, LeanForward, StaticKV
+from .lean_native import NativeLayers
+from .machine import few_rows
 from .machine.records import DtypeChoice
 from .tree import TokenTree
 
@@ -57,13 +59,19 @@ class TargetModel:
 
     def use_lean(self, on: bool = True, graphs: bool = True) -> str | None:
         """Decode through the lean forward over a static cache (dart_core.lean_forward) where this model's family
-        allows it; off: transformers' forward. graphs: on a GPU, steps are captured as CUDA graphs (False: eager).
-        Returns why it is off (None when on). Call before `use_kernels`: the plan chooses kernels for the lean
-        forward's fused projections."""
+        allows it; off: transformers' forward. graphs: its steps captured as CUDA graphs on a GPU, and on a CPU in fp32
+        its decode and verify steps in our C layer where it was built (dart_core.lean_native); False: torch's
+        operations, eagerly. Returns why it is off (None when on). Call before `use_kernels`: the plan chooses
+        kernels for the lean forward's fused projections (none where the C layer computes them)."""
         why = LeanForward.unsupported(self.model) if on else "off by request"
         self.lean = LeanForward(self.model, self.taps) if why is None else None
         if self.lean is not None and not graphs:
             self.lean.graphs = OFF
+        kernel = few_rows.kernel(self.hardware.kind) if self.hardware.few_rows and \
+            "few_rows" not in self.hardware.stand_ins else None
+        if self.lean is not None and graphs and kernel is not None and self.device.type == "cpu" and \
+                self.dtype == torch.float32:
+            self.lean.native = NativeLayers(self.lean, kernel)
         return why
 
     @property
@@ -79,7 +87,7 @@ class TargetModel:
         """The linears a kernel plan chooses for: the decoder's, and the output layer where our forwards apply it
         themselves (its packed kernel wins from 4 rows but loses at 1-2 on some CPUs; docs/cpu-speed.md)."""
         if self.lean is not None:
-            return self.lean.linears()
+            return [] if self.lean.native is not None else self.lean.linears()
         return decoder_linears(self.model) + ([self.lm_head] if self.own_output_layer else [])
 
     @property

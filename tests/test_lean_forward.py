@@ -11,6 +11,7 @@ from dart_core.machine.kernels import measure_plan
 from dart_core import fixed_step
 from dart_core.fixed_step import FIXED_BUCKETS
 from dart_core.lean_forward import CUDA, EAGER, OFF, LeanForward, StaticKV
+from dart_core.machine import few_rows
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
 from dart_core.setup import loading
@@ -20,15 +21,23 @@ from dart_core.tree_search import SearchConfig
 from tests.test_engine_lossless import prompts
 
 FAMILIES = ("llama", "qwen2", "qwen3")
+NATIVE = "native"   # the C layer (dart_core.lean_native), where this machine builds it
+STEPS = [NATIVE, OFF, EAGER]
 
 
 def lean_pair(family: str, seed: int = 3, graphs: str = OFF):
-    """The same tiny model twice: on transformers' forward, and on the lean one (graphs: EAGER runs every step at
-    the fixed shapes a GPU captures as graphs; OFF at its own shapes)."""
+    """The same tiny model twice: on transformers' forward, and on the lean one. graphs: NATIVE runs decode and
+    verify steps in our C layer, OFF as torch operations at their own shapes, EAGER at the fixed shapes a GPU
+    captures as graphs."""
     plain, lean = tiny_target(family, seed=seed), tiny_target(family, seed=seed)
     assert lean.use_lean() is None and lean.forward_kind == "lean" and plain.forward_kind == "transformers"
     assert lean.lean.graphs == OFF    # on a CPU, unless asked
-    lean.lean.graphs = graphs
+    assert (lean.lean.native is not None) == lean.hardware.few_rows   # the C layer wherever it was built
+    if graphs == NATIVE:
+        assert lean.lean.native is not None or few_rows.why_not(lean.hardware.kind)
+    else:
+        lean.lean.native = None
+        lean.lean.graphs = graphs
     return plain, lean
 
 
@@ -36,7 +45,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("graphs", [OFF, EAGER])
+@pytest.mark.parametrize("graphs", STEPS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_prefill_tree_verify_and_commit_match_transformers_forward(family, graphs, one_thread):
     plain, lean = lean_pair(family, graphs=graphs)
@@ -68,7 +77,7 @@ def test_the_static_cache_refuses_edits_outside_what_it_holds():
     assert cache.capacity == 9 and cache.length == 3
 
 
-@pytest.mark.parametrize("graphs", [OFF, EAGER])
+@pytest.mark.parametrize("graphs", STEPS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_dart_lookup_and_plain_decoding_through_it_are_lossless(family, graphs, one_thread):
     _, lean = lean_pair(family, seed=4, graphs=graphs)
@@ -86,7 +95,7 @@ def test_greedy_dart_lookup_and_plain_decoding_through_it_are_lossless(family, g
 def test_the_kernel_plan_chooses_for_the_fused_projections_and_stays_lossless(capable):
     target = tiny_target("llama", seed=6)
     target.hardware = capable
-    target.use_lean()
+    target.use_lean(graphs=False)      # torch operations: the plan chooses their kernels (the C layer has its own)
     linears = target.planned_linears()
     assert {tuple(m.weight.shape) for m in linears} >= {(64 + 2 * 32, 64), (2 * 128, 64)}   # qkv, gate+up
     target.use_kernels(measure_plan(linears, capable, rounds=1))

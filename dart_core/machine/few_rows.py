@@ -27,7 +27,8 @@ import torch
 
 from .paths import cache_root
 
-SOURCE = Path(__file__).with_name("few_rows.c")
+# the few-row linear, and the lean forward's decoder layer built on it (dart_core/lean_native.py)
+SOURCES = (Path(__file__).with_name("few_rows.c"), Path(__file__).with_name("lean_layer.c"))
 BUILD_SECONDS = 120
 # The instruction set the build targets, by CPU kind (hardware.CPU_KINDS): a process held to an older kind gets that
 # kind's code, as torch's own kernels do; the machine's own kind gets everything its CPU has.
@@ -57,6 +58,13 @@ class FewRowsKernel:
         self.lib.few_rows_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
         self.lib.few_rows_linear.restype = None
         self.width = int(self.lib.few_rows_width())
+        p, n = ctypes.c_void_p, ctypes.c_long
+        self.lib.lean_layer.argtypes = [p] * 16 + [n] * 8 + [ctypes.c_float, ctypes.c_int]
+        self.lib.lean_layer.restype = None
+        self.lib.lean_layer_scratch.argtypes = [n] * 7 + [ctypes.c_int]
+        self.lib.lean_layer_scratch.restype = n
+        self.lib.lean_final_norm.argtypes = [p, p, p, n, n, ctypes.c_float]
+        self.lib.lean_final_norm.restype = None
 
     def pack(self, weight: torch.Tensor) -> PackedWeight:
         return pack(weight, self.width)
@@ -117,7 +125,8 @@ def _built(kind: str) -> FewRowsKernel | str:
 
 def _library_path(compiler: str, flags: list[str]) -> Path:
     """Named by everything the binary depends on: a shared cache never hands one CPU's build to another."""
-    ident = "\n".join([SOURCE.read_text(), compiler, *flags, _cpu_identity(), torch.__version__])
+    ident = "\n".join([*(source.read_text() for source in SOURCES), compiler, *flags, _cpu_identity(),
+                       torch.__version__])
     return cache_root() / "kernels" / f"few_rows-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.so"
 
 
@@ -136,8 +145,8 @@ def _compile(compiler: str, flags: list[str], path: Path) -> str:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True,
-                              timeout=BUILD_SECONDS)
+        done = subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True,
+                              text=True, timeout=BUILD_SECONDS)
         if done.returncode != 0:
             return (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1][:200]
         os.replace(tmp, path)

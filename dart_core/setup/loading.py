@@ -55,7 +55,8 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
     kernels may use (default: what this machine has; tests turn capabilities on and off). rows_measured: where
     'fast' compares the dtypes on a CPU (kernels.DTYPE_ROWS for decoding, BATCH_ROWS for batched work). forward:
     'lean' (our forward over a static cache where the model's family allows, its steps captured as CUDA graphs on a
-    GPU), 'lean-eager' (the same without graphs) or 'transformers'; None reads $DART_FORWARD, 'lean' by default."""
+    GPU and run by our C layer on a CPU in fp32), 'lean-eager' (the same as torch operations) or 'transformers'; None
+    reads $DART_FORWARD, 'lean' by default."""
     forward = chosen_forward(forward)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here")

@@ -1,0 +1,93 @@
+"""The lean forward's decode and verify steps on a CPU in fp32 through our C decoder layer (machine/lean_layer.c).
+
+A step of a few rows is some thirty small operations a layer around four matrix products; as torch operations, each
+run cold after a product streamed its weights through the caches, they cost a third of a step on a 2-core CPU. The
+C layer does them in one call per layer, with the weights packed for our few-row kernel (machine/few_rows.c).
+
+Every row is computed on its own in a fixed order, and the rotation reads one table of every position, so a verified
+tree's rows get exactly the logits plain decoding gets for the same prefix (tests/test_lean_native.py). Prefills
+(more than NATIVE_ROWS rows) take the lean forward's torch step; plain decoding and DART share them alike.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .machine.few_rows import FewRowsKernel, PackedWeight
+
+NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
+MIN_TABLE = 1024          # positions the rotation table starts with (it doubles when a run goes past it)
+
+
+class NativeLayers:
+    """The lean forward's layers packed for the C layer, the rotation table, and the step that runs them."""
+
+    def __init__(self, lean, kernel: FewRowsKernel):
+        self.lean, self.kernel = lean, kernel
+        self.max_rows = NATIVE_ROWS
+        self.norm_out = _flat(lean.norm_out)
+        self.layers = [self._packed(w) for w in lean.layers]
+        self.output = kernel.pack(lean.output.weight)
+        self.output_bias = _flat(lean.output.bias)
+        self.intermediate = lean.layers[0].down.in_features
+        self.cos = self.sin = torch.empty(0, lean.head_dim)
+
+    def _packed(self, w) -> dict:
+        return {"norm_in": _flat(w.norm_in), "qkv": self.kernel.pack(w.qkv.weight), "qkv_b": _flat(w.qkv.bias),
+                "qk_norm": _flat(w.qk_norm), "o": self.kernel.pack(w.o.weight), "o_b": _flat(w.o.bias),
+                "norm_post": _flat(w.norm_post), "gate_up": self.kernel.pack(w.gate_up.weight),
+                "down": self.kernel.pack(w.down.weight)}
+
+    def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [n, d] of `positions`, read from one table (so a position always gets the same bits)."""
+        needed = int(positions.max()) + 1
+        if needed > self.cos.shape[0]:
+            size = max(needed, 2 * self.cos.shape[0], MIN_TABLE)
+            probe = torch.zeros(1, 1, dtype=torch.float32)
+            cos, sin = self.lean.rotary(probe, torch.arange(size)[None])
+            self.cos, self.sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+        return self.cos[positions], self.sin[positions]
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, block_mask: torch.Tensor | None,
+                taps: tuple[int, ...], last_only: bool):
+        """As LeanForward.forward: logits [n or 1, V] and the tap layers' inputs [n, 3H] (None without taps)."""
+        lean, lib, n = self.lean, self.kernel.lib, ids.shape[0]
+        past = cache.length
+        cache.reserve(past + n)
+        hidden = F.embedding(ids, lean.embed).float().contiguous()            # [n, D], updated in place
+        D, d, H, KV, I = hidden.shape[1], lean.head_dim, lean.heads, lean.kv_heads, self.intermediate
+        cos, sin = self._rotation(positions)
+        block = None if block_mask is None else block_mask.to(torch.bool).contiguous()
+        threads = torch.get_num_threads()
+        scratch = torch.empty(lib.lean_layer_scratch(n, D, H, KV, d, I, past, threads))
+        kv, cap = cache.kv, cache.capacity
+        layer_floats = KV * cap * d
+        captured = {}
+        for i, w in enumerate(self.layers):
+            if i in taps:
+                captured[i] = hidden.clone()
+            base = kv.data_ptr() + 2 * i * layer_floats * 4
+            lib.lean_layer(hidden.data_ptr(), cos.data_ptr(), sin.data_ptr(), _ptr(block), _ptr(w["norm_in"]),
+                           _ptr(w["qkv"]), _ptr(w["qkv_b"]), _ptr(w["qk_norm"]), _ptr(w["o"]), _ptr(w["o_b"]),
+                           _ptr(w["norm_post"]), _ptr(w["gate_up"]), _ptr(w["down"]), base,
+                           base + layer_floats * 4, scratch.data_ptr(), n, D, H, KV, d, I, past, cap, lean.eps,
+                           threads)
+        cache.length = past + n
+        rows = hidden[-1:] if last_only else hidden
+        normed = torch.empty_like(rows)
+        lib.lean_final_norm(rows.data_ptr(), self.norm_out.data_ptr(), normed.data_ptr(), rows.shape[0], D, lean.eps)
+        logits = self.kernel.linear(normed, self.output, self.output_bias)
+        feats = torch.cat([captured[i] for i in taps], dim=-1) if taps else None
+        return logits, feats
+
+
+def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().float().contiguous()
+
+
+def _ptr(t) -> int | None:
+    if t is None:
+        return None
+    return (t.blocks if isinstance(t, PackedWeight) else t).data_ptr()

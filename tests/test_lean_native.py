@@ -1,0 +1,71 @@
+"""The lean forward's C layer (dart_core.lean_native): a verified tree's rows get exactly the logits, bit for bit,
+that plain decoding gets for the same prefix, whatever the rows beside them and the threads; prefills stay on torch's
+operations; and a machine that cannot build it says why and decodes on torch's operations."""
+
+from __future__ import annotations
+
+import torch
+
+from dart_core.lean_native import NATIVE_ROWS
+from dart_core.machine import few_rows
+from dart_core.setup.tiny_models import tiny_target
+from dart_core.tree import TokenTree
+
+
+def native_target(family: str, seed: int = 2):
+    target = tiny_target(family, seed=seed)
+    target.use_lean()
+    if target.lean.native is None:    # no C compiler here: the reason is said, and torch's operations decode
+        assert few_rows.why_not(target.hardware.kind)
+        return None
+    return target
+
+
+def plain_logits(target, prompt: list[int], path: list[int]) -> list[torch.Tensor]:
+    """The logits after each token of `path`, one forward per token, as plain decoding computes them."""
+    cache = target.new_cache()
+    target.prefill(prompt, cache)
+    out = []
+    for i, token in enumerate(path):
+        logits, _ = target.forward(torch.tensor([token]), torch.tensor([len(prompt) + i]), cache)
+        out.append(logits[0])
+    return out
+
+
+def test_a_trees_rows_get_plain_decodings_bits():
+    for family in ("llama", "qwen2", "qwen3"):
+        target = native_target(family)
+        if target is None:
+            return
+        prompt = list(range(3, 40))            # past a single vector of keys
+        # a tree whose node 5 follows the path 0 -> 1 -> 3 -> 5, with siblings in between
+        tree = TokenTree([11, 12, 13, 14, 15, 16], [-1, 0, 0, 1, 2, 3])
+        path_nodes = [0, 1, 3, 5]
+        expected = plain_logits(target, prompt[:-1], [prompt[-1]] + [tree.tokens[i] for i in path_nodes[1:]])
+        threads = torch.get_num_threads()
+        for n_threads in (threads, 1):
+            torch.set_num_threads(n_threads)
+            try:
+                cache = target.new_cache()
+                target.prefill(prompt[:-1], cache)
+                rooted = TokenTree([prompt[-1]] + tree.tokens[1:], tree.parents)   # the root: the last prompt token
+                logits, _ = target.verify(rooted, cache)
+            finally:
+                torch.set_num_threads(threads)
+            for depth, node in enumerate(path_nodes):
+                assert torch.equal(logits[node], expected[depth]), (family, n_threads, node)
+
+
+def test_prefills_take_torchs_operations_and_steps_the_c_layer(monkeypatch):
+    target = native_target("llama")
+    if target is None:
+        return
+    calls = []
+    step = type(target.lean.native).forward
+    monkeypatch.setattr(type(target.lean.native), "forward",
+                        lambda self, ids, *a, **k: calls.append(ids.shape[0]) or step(self, ids, *a, **k))
+    cache = target.new_cache()
+    target.prefill(list(range(NATIVE_ROWS + 5)), cache)
+    target.forward(torch.tensor([5]), torch.tensor([NATIVE_ROWS + 5]), cache)
+    assert calls == [1]
+    assert target.planned_linears() == []   # no second packed copy for the kernel plan
