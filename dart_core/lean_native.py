@@ -33,11 +33,12 @@ class NativeLayers:
         self.intermediate = lean.layers[0].down.in_features
         self.cos = self.sin = torch.empty(0, lean.head_dim)
 
-    def _packed(self, w) -> dict:
-        return {"norm_in": _flat(w.norm_in), "qkv": self.kernel.pack(w.qkv.weight), "qkv_b": _flat(w.qkv.bias),
-                "qk_norm": _flat(w.qk_norm), "o": self.kernel.pack(w.o.weight), "o_b": _flat(w.o.bias),
-                "norm_post": _flat(w.norm_post), "gate_up": self.kernel.pack(w.gate_up.weight),
-                "down": self.kernel.pack(w.down.weight)}
+    def _packed(self, w) -> tuple[list, list[int | None]]:
+        """The layer's tensors (kept alive here) and their addresses, in lean_layer's order."""
+        kept = [_flat(w.norm_in), self.kernel.pack(w.qkv.weight), _flat(w.qkv.bias), _flat(w.qk_norm),
+                self.kernel.pack(w.o.weight), _flat(w.o.bias), _flat(w.norm_post), self.kernel.pack(w.gate_up.weight),
+                self.kernel.pack(w.down.weight)]
+        return kept, [_ptr(t) for t in kept]
 
     def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [n, d] of `positions`, read from one table (so a position always gets the same bits)."""
@@ -65,15 +66,13 @@ class NativeLayers:
         kv, cap = cache.kv, cache.capacity
         layer_floats = KV * cap * d
         captured = {}
-        for i, w in enumerate(self.layers):
+        rows = (hidden.data_ptr(), cos.data_ptr(), sin.data_ptr(), _ptr(block))
+        sizes = (scratch.data_ptr(), n, D, H, KV, d, I, past, cap, lean.eps, threads)
+        for i, (_, weights) in enumerate(self.layers):
             if i in taps:
                 captured[i] = hidden.clone()
-            base = kv.data_ptr() + 2 * i * layer_floats * 4
-            lib.lean_layer(hidden.data_ptr(), cos.data_ptr(), sin.data_ptr(), _ptr(block), _ptr(w["norm_in"]),
-                           _ptr(w["qkv"]), _ptr(w["qkv_b"]), _ptr(w["qk_norm"]), _ptr(w["o"]), _ptr(w["o_b"]),
-                           _ptr(w["norm_post"]), _ptr(w["gate_up"]), _ptr(w["down"]), base,
-                           base + layer_floats * 4, scratch.data_ptr(), n, D, H, KV, d, I, past, cap, lean.eps,
-                           threads)
+            keys = kv.data_ptr() + 2 * i * layer_floats * 4
+            lib.lean_layer(*rows, *weights, keys, keys + layer_floats * 4, *sizes)
         cache.length = past + n
         rows = hidden[-1:] if last_only else hidden
         normed = torch.empty_like(rows)

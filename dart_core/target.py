@@ -76,8 +76,11 @@ class TargetModel:
 
     @property
     def forward_kind(self) -> str:
-        """Which forward decodes: 'lean' (ours, static cache) or 'transformers'."""
-        return "lean" if self.lean is not None else "transformers"
+        """Which forward decodes: 'lean-native' (ours, its steps in our C layer), 'lean' (ours, torch's operations)
+        or 'transformers'."""
+        if self.lean is None:
+            return "transformers"
+        return "lean-native" if self.lean.native is not None else "lean"
 
     def use_kernels(self, plan: KernelPlan | None) -> None:
         """Compute the linears of our own forwards with `plan`'s kernels (None: torch's default)."""

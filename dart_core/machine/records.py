@@ -170,17 +170,19 @@ class MachineRecord:
     dtype_choice: DtypeChoice | None = None    # where the dtype was chosen (--dtype auto or fast)
     cost_curve: CostCurve | None = None
     draft_kernels: DraftKernelChoice | None = None
+    forward: str = ""     # which forward decoded (TargetModel.forward_kind); "" in records older than it
 
     def text(self) -> str:
-        """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · drafting in int8'."""
+        """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · drafting in int8'."""
+        forward = f" · {self.forward} forward" if self.forward else ""
         drafting = f" · drafting in {self.draft_kernels.kernels}" if self.draft_kernels is not None else ""
-        return f"{self.summary or self.hardware.describe()} · {self.dtype}{drafting}"
+        return f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{drafting}"
 
     def to_dict(self) -> dict:
         d = {"hardware": self.hardware.to_dict(), "summary": self.summary,
              "kernels": None if self.kernels is None else self.kernels.to_dict(),
              "dtype": self.dtype, "dtype_choice": None if self.dtype_choice is None else self.dtype_choice.to_dict(),
-             "cost_curve": None if self.cost_curve is None else self.cost_curve.to_dict()}
+             "cost_curve": None if self.cost_curve is None else self.cost_curve.to_dict(), "forward": self.forward}
         if self.draft_kernels is not None:
             d["draft_kernels"] = self.draft_kernels.to_dict()
         return d
@@ -195,4 +197,5 @@ class MachineRecord:
             dtype=dtype_spelling(d.get("dtype") or "fp32"),
             dtype_choice=DtypeChoice.from_dict(d["dtype_choice"]) if d.get("dtype_choice") else None,
             cost_curve=CostCurve.from_dict(d["cost_curve"]) if d.get("cost_curve") else None,
-            draft_kernels=DraftKernelChoice.from_dict(d["draft_kernels"]) if d.get("draft_kernels") else None)
+            draft_kernels=DraftKernelChoice.from_dict(d["draft_kernels"]) if d.get("draft_kernels") else None,
+            forward=str(d.get("forward") or ""))

@@ -143,7 +143,8 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
     return MachineRecord(target.hardware, target.hardware.describe(),
                          target.fast_linears.summary() if target.fast_linears is not None else None,
                          dtype_spelling(target.dtype), target.dtype_choice,
-                         cost_curve(target, model_name) if with_curve else None, draft_kernels)
+                         cost_curve(target, model_name) if with_curve else None, draft_kernels,
+                         target.forward_kind)
 
 
 INT8_MARGIN = 0.9      # an int8 draft head must take at most this share of the fp32 head's time
