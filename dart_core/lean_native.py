@@ -18,6 +18,18 @@ from .machine.few_rows import FewRowsKernel, PackedWeight
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
 MIN_TABLE = 1024          # positions the rotation table starts with (it doubles when a run goes past it)
+HEAD_DIM_STEP, MAX_HEAD_DIM = 16, 512   # the head sizes the C attention takes (lean_layer.c: VW, MAX_HEAD_DIM)
+
+
+def unsupported(lean) -> str | None:
+    """Why the C layer cannot run this lean forward's model, or None."""
+    if lean.head_dim % HEAD_DIM_STEP or lean.head_dim > MAX_HEAD_DIM:
+        return f"head size {lean.head_dim} (the C layer takes multiples of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM})"
+    if lean.heads % lean.kv_heads:
+        return f"{lean.heads} query heads over {lean.kv_heads} key/value heads"
+    if lean.embed.dtype != torch.float32 or lean.embed.device.type != "cpu":
+        return "the C layer runs fp32 models on a CPU"
+    return None
 
 
 class NativeLayers:

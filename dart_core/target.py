@@ -16,6 +16,7 @@ from .machine.hardware import Hardware, detect
 from .machine.kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies
 from .lean_forward import OFF, LeanForward, StaticKV
 from .lean_native import NativeLayers
+from .lean_native import unsupported as native_unsupported
 from .machine import few_rows
 from .machine.records import DtypeChoice
 from .tree import TokenTree
@@ -69,8 +70,7 @@ class TargetModel:
             self.lean.graphs = OFF
         kernel = few_rows.kernel(self.hardware.kind) if self.hardware.few_rows and \
             "few_rows" not in self.hardware.stand_ins else None
-        if self.lean is not None and graphs and kernel is not None and self.device.type == "cpu" and \
-                self.dtype == torch.float32:
+        if self.lean is not None and graphs and kernel is not None and native_unsupported(self.lean) is None:
             self.lean.native = NativeLayers(self.lean, kernel)
         return why
 

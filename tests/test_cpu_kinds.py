@@ -42,6 +42,7 @@ ON_ATEN_KINDS = [
     "tests/test_draft_kernels.py::test_the_int8_copy_drafts_nearly_the_same_rows_and_leaves_the_head_alone",
     "tests/test_draft_kernels.py::test_sampling_with_an_int8_head_matches_the_target_distribution",
     # our few-row kernel is built for the kind's instruction set (AVX2 for avx2, SSE for x86-64: few_rows.MARCH)
+    "tests/test_few_rows.py::test_wherever_a_c_compiler_is_found_the_kernels_build",
     "tests/test_few_rows.py::test_it_computes_what_torch_computes_for_any_shape_rows_and_bias",
     "tests/test_few_rows.py::test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count",
     "tests/test_few_rows.py::test_the_kernel_shares_torchs_openmp_runtime",

@@ -3,7 +3,9 @@ tests/test_cpu_kinds.py), it computes x @ W^T + b as torch does, each row alone,
 why instead of failing. Where this machine has no C compiler, the stand-in (the same packing, torch's arithmetic) is
 what the `capable` fixture runs, and these tests check that the build says so."""
 
+import os
 import platform
+import shutil
 
 import pytest
 import torch
@@ -21,6 +23,15 @@ def real_or_why():
     if KERNEL is None:
         assert few_rows.why_not(HERE.kind) and not HERE.few_rows
     return KERNEL
+
+
+def test_wherever_a_c_compiler_is_found_the_kernels_build():
+    """A fault in our C sources must fail here, not pass as a machine without a compiler (which falls back)."""
+    if os.environ.get("DART_FEW_ROWS") == "off" or not (shutil.which(os.environ.get("CC") or "cc")
+                                                         or shutil.which("gcc")):
+        assert KERNEL is None
+        return
+    assert few_rows.why_not(HERE.kind) is None and KERNEL is not None and HERE.few_rows
 
 
 @pytest.mark.parametrize("out_features,in_features", [(1, 5), (7, 16), (33, 70), (100, 64), (257, 576)])

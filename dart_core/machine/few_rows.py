@@ -110,7 +110,7 @@ def _built(kind: str) -> FewRowsKernel | str:
     march = MARCH.get(kind, native)
     last = ""
     for openmp in (["-fopenmp"], []):   # without OpenMP (Apple's clang) the kernel runs on one thread
-        flags = ["-O3", march, *openmp, "-shared", "-fPIC"]
+        flags = ["-O3", march, *openmp, "-shared", "-fPIC", "-Werror=implicit-function-declaration"]
         path = _library_path(compiler, flags)
         if not path.is_file():
             last = _compile(compiler, flags, path)

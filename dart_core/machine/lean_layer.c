@@ -18,6 +18,81 @@
 void few_rows_linear(const float *x, const float *w, const float *b, float *y, long M, long K, long N, int threads);
 
 typedef float v8 __attribute__((vector_size(32)));
+#ifdef __AVX512F__
+#define VW 16
+#else
+#define VW 8
+#endif
+typedef float vw __attribute__((vector_size(VW * 4)));
+typedef int vi __attribute__((vector_size(VW * 4)));
+#define MAX_HEAD_DIM 512
+static const float ZERO_ROW[MAX_HEAD_DIM];   /* the keys of a block's slots past the last entry */
+
+/* Lane l of the result: the sum of v[l]'s lanes, by one tree of additions that is the same for every l. */
+static inline vw reduce_lanes(const vw v[VW]) {
+#if VW == 16
+    vw a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
+                                       30, 31);
+    for (int i = 0; i < 4; i++)
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
+                                       27) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                       31);
+    for (int i = 0; i < 2; i++)
+        c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28,
+                                       29) +
+               __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
+                                       31);
+    return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#else
+    vw a[4], b[2];
+    for (int i = 0; i < 4; i++)
+        a[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int i = 0; i < 2; i++)
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return __builtin_shufflevector(b[0], b[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+           __builtin_shufflevector(b[0], b[1], 1, 3, 5, 7, 9, 11, 13, 15);
+#endif
+}
+
+/* q against the keys of VW entries (rows[l]): each score by the same products and the same tree of sums. */
+static inline vw score_block(const float *q, const float *const rows[VW], long d) {
+    vw acc[VW], qc, kc;
+    for (int l = 0; l < VW; l++) acc[l] = (vw){0};
+    for (long c = 0; c < d; c += VW) {
+        memcpy(&qc, q + c, sizeof qc);
+        for (int l = 0; l < VW; l++) {
+            memcpy(&kc, rows[l] + c, sizeof kc);
+            acc[l] += qc * kc;
+        }
+    }
+    return reduce_lanes(acc);
+}
+
+/* exp of VW lanes at or below 0 (scores less their maximum), Cephes' expf: about 1 ulp, 0 below -87. The same
+   arithmetic for every lane, so a score's weight never depends on where it sits. */
+static inline vw exp_lanes(vw x) {
+    const vw low = (vw){0} - 87.0f;   /* (masked entries come as -inf) */
+    vi under = x < low;
+    x = (vw)(((vi)x & ~under) | ((vi)low & under));
+    vi n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi);   /* x <= 0: truncation rounds */
+    vw fn = __builtin_convertvector(n, vw);
+    vw r = x - fn * 0.693359375f - fn * -2.12194440e-4f;
+    vw y = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    vw scale = (vw)((n + 127) << 23);
+    return (vw)((vi)(y * scale) & ~under);
+}
 
 static float dot(const float *a, const float *b, long d) {
     /* two 8-lane partial sums, then their lanes in order: a fixed order for every call */
@@ -51,6 +126,55 @@ static void rotate(float *x, const float *c, const float *s, long d) {
     for (long j = 0; j < d; j++) x[j] = t[j] * c[j] + (j < half ? -t[j + half] : t[j - half]) * s[j];
 }
 
+/* Up to QUERY_CHUNK queries of one KV group (the group's heads of some rows) over the cache entries each may see:
+   every key and value is read once for all of them. Each query gets the same arithmetic as it would alone: its
+   scores by score_block, its weights by exp_lanes, its sum of values in the entries' order. sc: QUERY_CHUNK
+   rows of span + VW floats. */
+#define QUERY_CHUNK 4
+static void attend(const float *const qs[], float *const outs[], const long rows_of[], long m, const float *K,
+                   const float *V, float *sc, long span, long past, long n, const unsigned char *block, long d,
+                   float scale) {
+    const float *rows[VW];
+    long stride = span + VW;
+    float best[QUERY_CHUNK], total[QUERY_CHUNK];
+    for (long r = 0; r < m; r++) best[r] = -INFINITY, total[r] = 0.0f;
+    for (long e0 = 0; e0 < span; e0 += VW) {
+        for (int l = 0; l < VW; l++) rows[l] = e0 + l < span ? K + (e0 + l) * d : ZERO_ROW;
+        for (long r = 0; r < m; r++) {
+            vw s = score_block(qs[r], rows, d);
+            long i = rows_of[r];
+            float *row = sc + r * stride;
+            for (int l = 0; l < VW; l++) {
+                long e = e0 + l;
+                int seen = e < past || (e < span && (block ? block[i * n + (e - past)] != 0 : e - past <= i));
+                row[e] = seen ? s[l] * scale : -INFINITY;
+                best[r] = row[e] > best[r] ? row[e] : best[r];
+            }
+        }
+    }
+    for (long r = 0; r < m; r++) {
+        float *row = sc + r * stride;
+        for (long e0 = 0; e0 < span; e0 += VW) {
+            vw x;
+            memcpy(&x, row + e0, sizeof x);
+            x = exp_lanes(x - best[r]);
+            memcpy(row + e0, &x, sizeof x);
+        }
+        for (long j = 0; j < d; j++) outs[r][j] = 0.0f;
+    }
+    for (long e = 0; e < span; e++) {
+        const float *v = V + e * d;
+        for (long r = 0; r < m; r++) {
+            const float p = sc[r * stride + e];
+            if (p == 0.0f) continue;
+            total[r] += p;
+            for (long j = 0; j < d; j++) outs[r][j] += p * v[j];
+        }
+    }
+    for (long r = 0; r < m; r++)
+        for (long j = 0; j < d; j++) outs[r][j] /= total[r];
+}
+
 /* h [n, D]: the rows' hidden states, updated in place. cos, sin [n, d]. block [n, n] (1: row i sees row j of the
    block) or NULL for a causal block; every row sees the `past` cache entries. k_cache, v_cache: this layer's
    [KV, cap, d]; the block's keys and values are written at past .. past + n - 1. Weights packed for
@@ -78,30 +202,24 @@ void lean_layer(float *h, const float *cos_, const float *sin_, const unsigned c
                 v_cache[(g * cap + past + i) * d + j] = row[(H + KV + g) * d + j];
             }
     }
+    long per_group = n * rep, chunks = (per_group + QUERY_CHUNK - 1) / QUERY_CHUNK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * H * span >= 1024)
-    for (long task = 0; task < n * H; task++) {
-        long i = task / H, hh = task % H, g = hh / rep;
+    for (long task = 0; task < KV * chunks; task++) {
+        long g = task / chunks, r0 = (task % chunks) * QUERY_CHUNK;
+        long m = per_group - r0 < QUERY_CHUNK ? per_group - r0 : QUERY_CHUNK;
+        const float *qs[QUERY_CHUNK];
+        float *outs[QUERY_CHUNK];
+        long rows_of[QUERY_CHUNK];
+        for (long r = 0; r < m; r++) {   /* the group's queries: row by row, the group's heads within a row */
+            long i = (r0 + r) / rep, hh = g * rep + (r0 + r) % rep;
+            qs[r] = qkv + i * qkv_n + hh * d, outs[r] = att + i * H * d + hh * d, rows_of[r] = i;
+        }
         int t = 0;
 #ifdef _OPENMP
         t = omp_get_thread_num();
 #endif
-        float *sc = scores + t * span, *out = att + i * H * d + hh * d;
-        const float *q = qkv + i * qkv_n + hh * d, *K = k_cache + g * cap * d, *V = v_cache + g * cap * d;
-        float best = -INFINITY;
-        for (long e = 0; e < span; e++) {
-            int seen = e < past || (block ? block[i * n + (e - past)] != 0 : e - past <= i);
-            sc[e] = seen ? dot(q, K + e * d, d) * scale : -INFINITY;
-            if (sc[e] > best) best = sc[e];
-        }
-        float total = 0.0f;
-        for (long j = 0; j < d; j++) out[j] = 0.0f;
-        for (long e = 0; e < span; e++) {
-            if (sc[e] == -INFINITY) continue;
-            float p = expf(sc[e] - best);
-            total += p;
-            for (long j = 0; j < d; j++) out[j] += p * V[e * d + j];
-        }
-        for (long j = 0; j < d; j++) out[j] /= total;
+        attend(qs, outs, rows_of, m, k_cache + g * cap * d, v_cache + g * cap * d,
+               scores + t * QUERY_CHUNK * (span + VW), span, past, n, block, d, scale);
     }
     few_rows_linear(att, o_w, o_b, tmp, n, H * d, D, threads);
     for (long j = 0; j < n * D; j++) h[j] += tmp[j];
@@ -118,7 +236,7 @@ void lean_layer(float *h, const float *cos_, const float *sin_, const unsigned c
 }
 
 long lean_layer_scratch(long n, long D, long H, long KV, long d, long I, long past, int threads) {
-    return n * D + n * (H + 2 * KV) * d + n * H * d + n * 2 * I + n * I + n * D + (long)threads * (past + n);
+    return n * D + n * (H + 2 * KV) * d + n * H * d + n * 2 * I + n * I + n * D + (long)threads * QUERY_CHUNK * (past + n + VW);
 }
 
 /* The last norm over the rows: the output layer's input. */
