@@ -27,6 +27,10 @@ typedef float vf __attribute__((vector_size(VW * 4)));
 #define NB_FOR(M) (NB_MAX(M) > 8 ? 8 : (NB_MAX(M) < 1 ? 1 : NB_MAX(M)))
 #define MAX_ROWS 8    /* rows per pass; more rows take more passes over the same blocks */
 #define GROUP 16      /* blocks a thread finishes for every pass before the next: their weights stay in L2 */
+/* Each weight stream is prefetched this many vectors ahead: without it the products of 8-16 rows, busy computing,
+   left the memory idle (on the AMX Xeon: 8 rows over 212 MB of weights 8.6 -> 7.0 ms, 1 row 6.3 -> 5.8 ms; 16 or 64
+   ahead gained less, and the non-temporal hint made every product twice as slow). */
+#define PREFETCH 32
 
 static inline void store(float *restrict y, vf v, long n, long N, const float *restrict b) {
     for (int i = 0; i < VW && n + i < N; i++) y[n + i] = b ? v[i] + b[n + i] : v[i];
@@ -40,7 +44,10 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
         const float *wb = w + blk * K * VW;                                                                   \
         for (long k = 0; k < K; k++) {                                                                        \
             vf wv[NB];                                                                                        \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) wv[j] = *(const vf *)(wb + (j * K + k) * VW); \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) {                                            \
+                __builtin_prefetch(wb + (j * K + k + PREFETCH) * VW, 0, 3);                                   \
+                wv[j] = *(const vf *)(wb + (j * K + k) * VW);                                                 \
+            }                                                                                                 \
             _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) {                                             \
                 float xs = x[m * K + k];                                                                      \
                 _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[m][j] += xs * wv[j];                 \
