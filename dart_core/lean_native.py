@@ -14,11 +14,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .lean_forward import LeanForward
 from .machine.few_rows import FewRowsKernel, PackedWeight
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
 MIN_TABLE = 1024          # positions the rotation table starts with (it doubles when a run goes past it)
 HEAD_DIM_STEP, MAX_HEAD_DIM = 16, 512   # the head sizes the C attention takes (lean_layer.c: VW, MAX_HEAD_DIM)
+
+
+def decodes_natively(model, hardware) -> bool:
+    """Whether `model`, in fp32 on this CPU, would decode through the C layer (TargetModel.use_lean's conditions)."""
+    if not (hardware.is_cpu and hardware.few_rows) or "few_rows" in hardware.stand_ins or \
+            LeanForward.unsupported(model) is not None:
+        return False
+    cfg = model.config
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    return head_dim % HEAD_DIM_STEP == 0 and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0
 
 
 def unsupported(lean) -> str | None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dart_core.decoding import GenerationConfig, run
-from dart_core.machine.hardware import detect
+from dart_core.machine.hardware import Hardware, detect
 from dart_core.machine.kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
 from dart_core.proposers import DartProposer, VanillaProposer
 from dart_core.setup import dtype_choice
@@ -51,7 +51,7 @@ def test_the_measurement_times_both_dtypes_without_touching_the_model(capable):
 
 def test_the_choice_is_cached_per_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
-    model, hw = tiny_target("llama").model, detect()
+    model, hw = tiny_target("llama").model, detect().without("few_rows")   # the measured path (no C layer)
     calls = []
     monkeypatch.setattr(dtype_choice, "measure_dtypes",
                         lambda linears, hardware, **_: calls.append(1) or times((1.0, 2.0), (0.5, 1.0)))
@@ -70,7 +70,7 @@ def test_fast_loads_the_measured_dtype_and_auto_the_lossless_one(measured, tmp_p
     qwen_style_tokenizer(PLAIN_TEMPLATE).save_pretrained(folder)   # any tokenizer: loading needs one
     fast = times((1.0, 2.0), (0.5, 1.0)) if measured == "bf16" else times((1.0, 2.0), (0.5, 5.0))
     monkeypatch.setattr(dtype_choice, "measure_dtypes", lambda linears, hardware, **_: fast)
-    target = load_target(str(folder), "cpu", "fast")
+    target = load_target(str(folder), "cpu", "fast", hardware=detect().without("few_rows"))
     assert dtype_name(target.dtype) == measured and target.dtype_choice.dtype == measured
     assert all(p.dtype == target.dtype for p in target.model.parameters())
     assert machine_record(target, str(folder)).dtype_choice.reason.startswith(measured)
@@ -95,7 +95,9 @@ def test_fast_and_bf16_load_measure_and_decode_with_the_gated_kernels(dtype, cap
     qwen_style_tokenizer(PLAIN_TEMPLATE).save_pretrained(folder)
     target = load_target(str(folder), "cpu", dtype, hardware=capable)
     assert target.hardware == capable and dtype_name(target.dtype) in ("fp32", "bf16")
-    if dtype == "fast":
+    if dtype == "fast" and target.forward_kind == "lean-native":     # our C layer decodes fp32 here
+        assert dtype_name(target.dtype) == "fp32" and "C layer" in target.dtype_choice.reason
+    elif dtype == "fast":
         assert set(target.dtype_choice.seconds) == {"fp32", "bf16"}   # one spelling
     else:
         assert target.fast_linears is not None and target.fast_linears.plan.timings   # measured in bf16
@@ -103,6 +105,19 @@ def test_fast_and_bf16_load_measure_and_decode_with_the_gated_kernels(dtype, cap
     out = run(target, DartProposer(OracleDrafter(target, n_rows=3), SearchConfig(node_budget=6)), prompt,
               GenerationConfig(max_new_tokens=12)).output_ids
     assert len(out) == 12
+
+
+def test_decoding_takes_fp32_where_the_c_layer_runs_it_and_batched_work_still_measures(tmp_path, monkeypatch):
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+    model = tiny_target("llama").model
+    with_layer = Hardware("cpu", few_rows=True)          # a CPU where our kernels build
+    monkeypatch.setattr(dtype_choice, "measure_dtypes", lambda *a, **k: times((1.0, 2.0), (0.5, 1.0)))  # bf16 faster
+    choice = choose_cpu_dtype(model, with_layer)
+    assert choice.dtype == "fp32" and "C layer" in choice.reason and not choice.seconds
+    assert choose_cpu_dtype(model, Hardware("cpu").with_stand_ins("few_rows")).dtype == "bf16"   # a stand-in
+    assert choose_cpu_dtype(model, Hardware()).dtype == "bf16"                              # no C layer: measured
+    from dart_core.machine.kernels import BATCH_ROWS
+    assert choose_cpu_dtype(model, with_layer, rows_measured=BATCH_ROWS).dtype == "bf16"    # batched work measures
 
 
 def test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster():
@@ -138,7 +153,7 @@ def test_batched_work_measures_at_its_own_rows_and_caches_apart(tmp_path, monkey
     for_training, _ = _load(str(folder), "fast", "cpu")   # what `train` and `train-data` load by default
     assert dtype_name(for_training.dtype) == "fp32" and asked == [BATCH_ROWS]
     assert f"{BATCH_ROWS[-1]} rows" in for_training.dtype_choice.reason
-    for_decoding = load_target(str(folder), "cpu", "fast")
+    for_decoding = load_target(str(folder), "cpu", "fast", hardware=detect().without("few_rows"))   # measured
     assert dtype_name(for_decoding.dtype) == "bf16" and asked == [BATCH_ROWS, DTYPE_ROWS]
     _load(str(folder), "fast", "cpu")                      # read back from its own cache file
     assert asked == [BATCH_ROWS, DTYPE_ROWS]

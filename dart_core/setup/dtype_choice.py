@@ -11,6 +11,11 @@ row and at eight, each on its fastest kernel here (`kernels.measure_dtypes`, cac
 where it wins both by BF16_MARGIN (measurements: docs/cpu-speed.md#measured-the-dtype-choice). On a GPU, bf16 where
 the GPU supports it, else fp16. The bench's default dtype list is fp32, plus bf16 where `fast` takes it.
 
+Where the fp32 model decodes through our C layer (dart_core/lean_native.py: a CPU where our kernels build, a family
+the lean forward takes), decoding takes fp32 without measuring linears: the C layer runs only fp32, and bf16 on torch's
+operations loses to it even on the AMX Xeon, the CPU most in bf16's favour (plain decoding 36.0 against 48.8 tokens/s,
+docs/performance.md). It is also the lossless dtype.
+
 Batched work (training the head, generating its training data) runs many rows per forward, where a CPU without
 native bf16 is slowest in bf16: `train` and `train-data` measure at `kernels.BATCH_ROWS` instead
 (docs/training.md).
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ..lean_native import decodes_natively
 from ..machine.hardware import Hardware
 from ..machine.kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
 from ..machine.records import DtypeChoice
@@ -46,6 +52,10 @@ def choose_cpu_dtype(model, hardware: Hardware, recalibrate: bool = False,
                      rows_measured: tuple[int, ...] = DTYPE_ROWS) -> DtypeChoice:
     """The dtype for `model` (loaded in fp32) on this CPU at `rows_measured` (DTYPE_ROWS: decoding; BATCH_ROWS:
     batched work), measured once per machine, model shapes and rows."""
+    if rows_measured == DTYPE_ROWS and decodes_natively(model, hardware):
+        return DtypeChoice.because(LOSSLESS, "our C layer decodes fp32 here", " (dart_core/lean_native.py; bf16 runs "
+                                   "torch's operations, which are slower: docs/cpu-speed.md#7-our-own-kernels-the-few-"
+                                   "row-linear-and-the-c-layer)")
     extra = "" if rows_measured == DTYPE_ROWS else f"rows {list(rows_measured)}"
     name = model_key(hardware, model, "auto", "dtype", extra)
     return cached(name, recalibrate,
