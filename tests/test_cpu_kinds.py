@@ -59,6 +59,7 @@ ON_ANY_CPU = [
     "tests/test_draft_kernels.py::test_auto_takes_int8_only_where_it_measures_faster",
     "tests/test_few_rows.py::test_bad_inputs_are_refused_in_one_line",
     "tests/test_few_rows.py::test_a_build_that_cannot_happen_says_why",
+    "tests/test_few_rows.py::test_a_fault_in_our_sources_is_told_from_a_missing_toolchain",
 ]
 HERE = detect()
 # the kinds below this one that CPUs still ship with; an AVX2 machine runs as the x86-64 baseline

@@ -33,6 +33,9 @@ BUILD_SECONDS = 120
 # The instruction set the build targets, by CPU kind (hardware.CPU_KINDS): a process held to an older kind gets that
 # kind's code, as torch's own kernels do; the machine's own kind gets everything its CPU has.
 MARCH = {"x86-64": "-march=x86-64", "avx2": "-march=x86-64-v3"}
+# What a build needs of the machine beyond our sources: where this fails too, the toolchain is what is missing.
+PROBE = "#include <math.h>\n#include <string.h>\nfloat probe(float x) { return sqrtf(x) + (float)strlen(\"\"); }\n"
+NO_TOOLCHAIN = "the C compiler here cannot build a shared library"
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,12 @@ def _built(kind: str) -> FewRowsKernel | str:
             return FewRowsKernel(path)
         except OSError as e:
             last = f"built but not loadable: {e}"
-    return f"the C compiler failed: {last}"
+    probe = path.with_name("probe.so")
+    broken = _compile(compiler, ["-O3", "-shared", "-fPIC"], probe, PROBE)
+    probe.unlink(missing_ok=True)
+    if broken:   # the machine's toolchain, not our sources (a compiler without the C library's headers, ...)
+        return f"{NO_TOOLCHAIN}: {broken}"
+    return f"the C compiler failed on our sources: {last}"
 
 
 def _library_path(compiler: str, flags: list[str]) -> Path:
@@ -139,16 +147,20 @@ def _cpu_identity() -> str:
         return platform.processor() or platform.machine()
 
 
-def _compile(compiler: str, flags: list[str], path: Path) -> str:
-    """Builds the library at `path` (written whole or not at all); returns '' or the compiler's complaint."""
+def _compile(compiler: str, flags: list[str], path: Path, source: str | None = None) -> str:
+    """Builds the library at `path` (written whole or not at all) from our sources, or from `source` (C text);
+    returns '' or the compiler's complaint."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True,
-                              text=True, timeout=BUILD_SECONDS)
+        sources = [str(s) for s in SOURCES] if source is None else ["-x", "c", "-"]
+        done = subprocess.run([compiler, *flags, *sources, "-o", tmp, "-lm"], capture_output=True, text=True,
+                              input=source, timeout=BUILD_SECONDS)
         if done.returncode != 0:
-            return (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1][:200]
+            lines = done.stderr.strip().splitlines()
+            said = next((line for line in lines if "error" in line), lines[-1] if lines else "")
+            return (said or f"exit status {done.returncode}")[:200]
         os.replace(tmp, path)
         return ""
     except (OSError, subprocess.TimeoutExpired) as e:
