@@ -118,6 +118,7 @@ def test_decoding_takes_fp32_where_the_c_layer_runs_it_and_batched_work_still_me
     assert choose_cpu_dtype(model, Hardware()).dtype == "bf16"                              # no C layer: measured
     from dart_core.machine.kernels import BATCH_ROWS
     assert choose_cpu_dtype(model, with_layer, rows_measured=BATCH_ROWS).dtype == "bf16"    # batched work measures
+    assert choose_cpu_dtype(model, with_layer, native=False).dtype == "bf16"   # DART_FORWARD=lean-eager: measured
 
 
 def test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster():

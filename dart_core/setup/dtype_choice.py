@@ -49,10 +49,11 @@ def decide(seconds: dict[str, list[float]], rows_measured: tuple[int, ...] = DTY
 
 
 def choose_cpu_dtype(model, hardware: Hardware, recalibrate: bool = False,
-                     rows_measured: tuple[int, ...] = DTYPE_ROWS) -> DtypeChoice:
+                     rows_measured: tuple[int, ...] = DTYPE_ROWS, native: bool = True) -> DtypeChoice:
     """The dtype for `model` (loaded in fp32) on this CPU at `rows_measured` (DTYPE_ROWS: decoding; BATCH_ROWS:
-    batched work), measured once per machine, model shapes and rows."""
-    if rows_measured == DTYPE_ROWS and decodes_natively(model, hardware):
+    batched work), measured once per machine, model shapes and rows. native: whether the forward asked for would
+    run our C layer where it can (not `DART_FORWARD=lean-eager` or `transformers`)."""
+    if native and rows_measured == DTYPE_ROWS and decodes_natively(model, hardware):
         return DtypeChoice.because(LOSSLESS, "our C layer decodes fp32 here", " (dart_core/lean_native.py; bf16 runs "
                                    "torch's operations, which are slower: docs/cpu-speed.md#7-our-own-kernels-the-few-"
                                    "row-linear-and-the-c-layer)")

@@ -67,7 +67,8 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
     parse_dtype(load_as)  # a clear error before the slow load
     hf_model, tokenizer = load_model_and_tokenizer(model, device=device, dtype=load_as)
     if dtype == FAST and choice is None:
-        choice = choose_cpu_dtype(hf_model, hardware or detect(device), recalibrate, rows_measured)
+        choice = choose_cpu_dtype(hf_model, hardware or detect(device), recalibrate, rows_measured,
+                                  native=forward == LEAN)
         hf_model.to(parse_dtype(choice.dtype))
     target = TargetModel(hf_model, tokenizer, hardware)
     target.dtype_choice = choice
@@ -91,7 +92,7 @@ def fast_dtype(model: str, device: str, recalibrate: bool = False) -> tuple[Dtyp
     if device.startswith("cuda"):
         return choose_gpu_dtype(device), None
     target = load_target(model, device, "fp32", recalibrate)
-    return choose_cpu_dtype(target.model, target.hardware), target
+    return choose_cpu_dtype(target.model, target.hardware, native=target.forward_kind == "lean-native"), target
 
 
 def stop_ids(target: TargetModel) -> frozenset[int]:
