@@ -95,6 +95,11 @@ def test_a_build_that_cannot_happen_says_why(tmp_path, monkeypatch):
     assert isinstance(said, str) and said.startswith(few_rows.NO_TOOLCHAIN)   # it fails a plain program too
     monkeypatch.setattr(few_rows.shutil, "which", lambda name: None)
     assert few_rows._built.__wrapped__(HERE.kind) == "no C compiler (cc) on this machine"
+    monkeypatch.setattr(few_rows.shutil, "which", lambda name: "/usr/bin/cc")
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("DART_CACHE_DIR", str(blocked / "below a file"))   # a cache folder that cannot be made
+    assert few_rows._built.__wrapped__(HERE.kind).startswith(few_rows.UNWRITABLE)
     monkeypatch.setenv("DART_FEW_ROWS", "off")
     assert "DART_FEW_ROWS=off" in few_rows._built.__wrapped__(HERE.kind)
     assert not list(tmp_path.rglob("*.so"))      # nothing half-written was left

@@ -36,6 +36,7 @@ MARCH = {"x86-64": "-march=x86-64", "avx2": "-march=x86-64-v3"}
 # What a build needs of the machine beyond our sources: where this fails too, the toolchain is what is missing.
 PROBE = "#include <math.h>\n#include <string.h>\nfloat probe(float x) { return sqrtf(x) + (float)strlen(\"\"); }\n"
 NO_TOOLCHAIN = "the C compiler here cannot build a shared library"
+UNWRITABLE = "cannot write the kernels' cache folder"
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,8 @@ def _built(kind: str) -> FewRowsKernel | str:
             return FewRowsKernel(path)
         except OSError as e:
             last = f"built but not loadable: {e}"
+    if last.startswith(UNWRITABLE):
+        return last
     probe = path.with_name("probe.so")
     broken = _compile(compiler, ["-O3", "-shared", "-fPIC"], probe, PROBE)
     probe.unlink(missing_ok=True)
@@ -150,9 +153,12 @@ def _cpu_identity() -> str:
 def _compile(compiler: str, flags: list[str], path: Path, source: str | None = None) -> str:
     """Builds the library at `path` (written whole or not at all) from our sources, or from `source` (C text);
     returns '' or the compiler's complaint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
-    os.close(fd)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+        os.close(fd)
+    except OSError as e:   # a cache folder that cannot be written (a read-only home)
+        return f"{UNWRITABLE} {path.parent}: {e}"[:200]
     try:
         sources = [str(s) for s in SOURCES] if source is None else ["-x", "c", "-"]
         done = subprocess.run([compiler, *flags, *sources, "-o", tmp, "-lm"], capture_output=True, text=True,
