@@ -7,10 +7,11 @@ allocated once and written in place, and committing a tree's accepted path is an
 forward is a plain function of tensors, so a CUDA graph can capture it whole.
 
 It reads the transformers model's own weights and modules (norms' eps, the rotary embedding with its scaling) and
-copies only the fused projections (and Qwen3's q and k norms, side by side). `LeanForward.unsupported(model)` says why a model cannot take it (sliding-window
-layers, an unknown activation, ...); the target then keeps transformers' forward. On a GPU the steps run at fixed
-shapes, captured as CUDA graphs (dart_core.fixed_step). tests/test_lean_forward.py checks it against transformers'
-forward and decodes losslessly with it, at its own shapes and at fixed ones.
+copies only the fused projections (and Qwen3's q and k norms, side by side). `LeanForward.unsupported(model)` says
+why a model cannot take it (sliding-window layers, an unknown activation, ...); the target then keeps transformers'
+forward. On a GPU the steps run at fixed shapes, captured as CUDA graphs (dart_core.fixed_step); on a CPU in fp32 the
+decode and verify steps run in our C layer (dart_core.lean_native). tests/test_lean_forward.py checks it against
+transformers' forward and decodes losslessly with it: at its own shapes, at fixed ones and in the C layer.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 /* y[M, N] = x[M, K] w^T (+ b) in fp32 for few rows M: the target's linears in a decode or verify step.
 
    Such a product reads every weight once and does little with it, so it is bound by memory; torch's GEMMs are built
-   for many rows and leave bandwidth unused at 2-16 (docs/performance.md). Here the weight is packed once as
-   [ceil(N / VW), K, VW]: VW consecutive outputs side by side for each k, so one vector load of the weight feeds an
+   for many rows and leave bandwidth unused at 2-16 (docs/cpu-speed.md, section 7). Here the weight is packed once
+   as [ceil(N / VW), K, VW]: VW consecutive outputs side by side for each k, so one vector load of the weight feeds an
    FMA per row with x[m, k] broadcast, no horizontal sums. Each output is summed in the same order (k ascending, one
    FMA each) whatever M is, so a row's result does not depend on the rows computed with it: verifying a tree gives
    exactly the logits plain decoding gives for the same prefix (up to attention).

@@ -1,10 +1,12 @@
-"""Our own fp32 kernel for linears of few rows (few_rows.c), built for the CPU at hand with its C compiler.
+"""Our own fp32 kernels for few rows, built for the CPU at hand with its C compiler: few_rows.c (a linear) and
+lean_layer.c (a whole decoder layer on it, which dart_core/lean_native.py drives).
 
 A decode step computes each linear for 1 row, a verify for a handful; both read every weight once, so the kernel that
-keeps memory busy wins. torch's GEMMs leave much of it unused at 2-16 rows (docs/performance.md). The C source is
-compiled once per CPU (cached under cache_root()/kernels, named by the source, the flags and the CPU) and called
-through ctypes on a packed copy of each weight. Where no compiler works, the machine simply lacks the capability
-(`Hardware.few_rows`), and the kernel plan never offers it; tests run the same packing with a stand-in kernel.
+keeps memory busy wins. torch's GEMMs leave much of it unused at 2-16 rows (docs/cpu-speed.md, section 7). The C
+sources are compiled once per CPU (cached under cache_root()/kernels, named by the sources, the flags and the CPU)
+and called through ctypes, on a packed copy of each weight. Where no compiler works, the machine simply lacks the
+capability (`Hardware.few_rows`): the kernel plan never offers the kernel, the lean forward runs torch's operations,
+and tests run the same packing with a stand-in kernel.
 
 The library is linked against OpenMP and loaded after torch, so it shares torch's OpenMP runtime (libgomp.so.1 is
 resolved to the copy torch loaded) instead of starting a second pool of threads on the same cores.

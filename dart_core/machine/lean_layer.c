@@ -236,7 +236,8 @@ void lean_layer(float *h, const float *cos_, const float *sin_, const unsigned c
 }
 
 long lean_layer_scratch(long n, long D, long H, long KV, long d, long I, long past, int threads) {
-    return n * D + n * (H + 2 * KV) * d + n * H * d + n * 2 * I + n * I + n * D + (long)threads * QUERY_CHUNK * (past + n + VW);
+    return n * D + n * (H + 2 * KV) * d + n * H * d + n * 2 * I + n * I + n * D +
+           (long)threads * QUERY_CHUNK * (past + n + VW);
 }
 
 /* The last norm over the rows: the output layer's input. */

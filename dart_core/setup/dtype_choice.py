@@ -13,7 +13,7 @@ the GPU supports it, else fp16. The bench's default dtype list is fp32, plus bf1
 
 Where the fp32 model decodes through our C layer (dart_core/lean_native.py: a CPU where our kernels build, a family
 the lean forward takes), decoding takes fp32 without measuring linears: the C layer runs only fp32, and bf16 on torch's
-operations loses to it even on the AMX Xeon, the CPU most in bf16's favour (plain decoding 36.0 against 48.8 tokens/s,
+operations loses to it even on the AMX Xeon, the CPU most in bf16's favour (plain decoding 40.9 against 51.7 tokens/s,
 docs/performance.md). It is also the lossless dtype.
 
 Batched work (training the head, generating its training data) runs many rows per forward, where a CPU without
