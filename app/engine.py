@@ -7,6 +7,7 @@ Everything per user lives in `app.session.Session` (in a `gr.State`), never here
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from dart_core.acceptance import SamplingConfig
@@ -28,6 +29,38 @@ class EngineError(DartError):
     """The engine cannot do what was asked (e.g. generate in replay mode); the message says why."""
 
 
+class ModelThread:
+    """One long-lived thread for all the model's work. OpenMP (torch's, and our C kernels') keeps a pool of worker
+    threads for each thread that calls it; with pools from several threads on a small CPU, libgomp stops spinning and
+    every parallel region wakes its workers slowly: decoding from a second thread ran 1.5x slower (51 against 33
+    tokens/s on the AMX Xeon, 2 cores). Gradio calls from many threads, so the model is only ever driven from here."""
+
+    NAME = "dart-model"
+
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.NAME)
+
+    def call(self, fn, *args, **kwargs):
+        if threading.current_thread().name.startswith(self.NAME):   # already on it (a call made by a call)
+            return fn(*args, **kwargs)
+        return self._pool.submit(fn, *args, **kwargs).result()
+
+    def steps(self, generator):
+        """`generator` advanced on this thread, one step per `next()`; closing the result closes it there too."""
+        try:
+            while True:
+                try:
+                    step = self.call(next, generator)
+                except StopIteration:
+                    return
+                yield step
+        finally:
+            self.call(generator.close)
+
+
+MODEL_THREAD = ModelThread()
+
+
 @dataclass
 class Engine:
     loaded: Loaded | None = None                   # None in replay mode
@@ -41,10 +74,11 @@ class Engine:
              dtype: str = "auto", draft_int8: str = "auto") -> "Engine":
         """Load the target, the draft head and the n-gram table. A missing default head falls back to a random
         (untrained) head, with a notice for the UI."""
-        loaded = load(model, draft, ngram, device, dtype, draft_int8=draft_int8, random_fallback=True)
+        loaded = MODEL_THREAD.call(load, model, draft, ngram, device, dtype, draft_int8=draft_int8,
+                                   random_fallback=True)
         # The verify cost curve the automatic budget chooses on, measured (once per machine, then cached) before any
         # visitor keeps the machine busy; runs never measure it again (see `steps`).
-        cost_curve(loaded.target, loaded.model)
+        MODEL_THREAD.call(cost_curve, loaded.target, loaded.model)
         notices = []
         if loaded.fell_back:
             notices.append(f"No trained DART head is shipped yet (assets/{DEFAULT_HEAD.name}/ is missing): the app "
@@ -107,7 +141,8 @@ class Engine:
 
     def steps(self, method: str, prompt_ids: list[int], sampling: SamplingConfig, max_new_tokens: int,
               settings: DraftSettings):
-        """The step generator of one lane (lazy: nothing runs before the first `next()`)."""
+        """The step generator of one lane (lazy: nothing runs before the first `next()`), each step run on the model
+        thread."""
         config = GenerationConfig(max_new_tokens, sampling, stop_ids=self.loaded.stop_ids)
         proposer = self.loaded.proposer(method, settings)
         budget = getattr(proposer, "auto_budget", None)
@@ -116,7 +151,7 @@ class Engine:
             # again: other visitors' runs keep the machine busy, and a curve measured then would replace the good
             # one (cached) for every later run.
             budget.remeasure = None
-        return generate(self.target, proposer, prompt_ids, config)
+        return MODEL_THREAD.steps(generate(self.target, proposer, prompt_ids, config))
 
     def name_step(self, trace: Trace, step) -> None:
         """Record the text of the tokens a new step mentions (replays need no tokenizer)."""
@@ -130,7 +165,7 @@ class Engine:
 
         def verify(context: list[int], tree: TokenTree):
             with self.lock:
-                result = verify_once(self.target, context, tree, sampling)
+                result = MODEL_THREAD.call(verify_once, self.target, context, tree, sampling)
             return result.path, result.bonus
 
         return verify
