@@ -94,9 +94,7 @@ class LeanForward:
             raise ValueError(f"the lean forward cannot run {type(model).__name__}: {why}")
         cfg = model.config
         inner = model.model
-        self.heads = int(cfg.num_attention_heads)
-        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
-        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
+        self.heads, self.kv_heads, self.head_dim = attention_shape(cfg)
         self.eps = float(cfg.rms_norm_eps)
         self.embed = inner.embed_tokens.weight
         self.rotary = inner.rotary_emb
@@ -220,6 +218,13 @@ class LeanForward:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=self.head_dim ** -0.5,
                                              enable_gqa=self.kv_heads != self.heads)
         return w.o(out.transpose(1, 2).reshape(1, n, heads * self.head_dim))
+
+
+def attention_shape(cfg) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head size) of a model's config."""
+    heads = int(cfg.num_attention_heads)
+    return heads, int(getattr(cfg, "num_key_value_heads", None) or heads), \
+        int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
 
 
 def _stacked(linears: list[torch.nn.Linear]) -> torch.nn.Linear:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .lean_forward import LeanForward
+from .lean_forward import LeanForward, attention_shape
 from .machine.few_rows import FewRowsKernel, PackedWeight
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
@@ -22,26 +22,22 @@ MIN_TABLE = 1024          # positions the rotation table starts with (it doubles
 HEAD_DIM_STEP, MAX_HEAD_DIM = 16, 512   # the head sizes the C attention takes (lean_layer.c: VW, MAX_HEAD_DIM)
 
 
-def decodes_natively(model, hardware) -> bool:
-    """Whether `model`, in fp32 on this CPU, would decode through the C layer (TargetModel.use_lean's conditions)."""
-    if not (hardware.is_cpu and hardware.few_rows) or "few_rows" in hardware.stand_ins or \
-            LeanForward.unsupported(model) is not None:
-        return False
-    cfg = model.config
-    heads = int(cfg.num_attention_heads)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    return head_dim % HEAD_DIM_STEP == 0 and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0
-
-
-def unsupported(lean) -> str | None:
-    """Why the C layer cannot run this lean forward's model, or None."""
-    if lean.head_dim % HEAD_DIM_STEP or lean.head_dim > MAX_HEAD_DIM:
-        return f"head size {lean.head_dim} (the C layer takes multiples of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM})"
-    if lean.heads % lean.kv_heads:
-        return f"{lean.heads} query heads over {lean.kv_heads} key/value heads"
-    if lean.embed.dtype != torch.float32 or lean.embed.device.type != "cpu":
+def unsupported(model, hardware) -> str | None:
+    """Why the C layer cannot decode `model` (as loaded) on `hardware`, or None: the one test of TargetModel.use_lean
+    and of the dtype choice."""
+    if not (hardware.is_cpu and hardware.few_rows) or "few_rows" in hardware.stand_ins:
+        return "our kernels are not built here"
+    why = LeanForward.unsupported(model)
+    if why is not None:
+        return why
+    weight = model.get_input_embeddings().weight
+    if weight.dtype != torch.float32 or weight.device.type != "cpu":
         return "the C layer runs fp32 models on a CPU"
+    heads, kv_heads, head_dim = attention_shape(model.config)
+    if head_dim % HEAD_DIM_STEP or head_dim > MAX_HEAD_DIM:
+        return f"head size {head_dim} (the C layer takes multiples of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM})"
+    if heads % kv_heads:
+        return f"{heads} query heads over {kv_heads} key/value heads"
     return None
 
 

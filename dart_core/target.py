@@ -68,10 +68,9 @@ class TargetModel:
         self.lean = LeanForward(self.model, self.taps) if why is None else None
         if self.lean is not None and not graphs:
             self.lean.graphs = OFF
-        kernel = few_rows.kernel(self.hardware.kind) if self.hardware.few_rows and \
-            "few_rows" not in self.hardware.stand_ins else None
-        if self.lean is not None and graphs and kernel is not None and native_unsupported(self.lean) is None:
-            self.lean.native = NativeLayers(self.lean, kernel)
+        if self.lean is not None and graphs and native_unsupported(self.model, self.hardware) is None:
+            kernel = few_rows.kernel(self.hardware.kind)
+            self.lean.native = NativeLayers(self.lean, kernel) if kernel is not None else None
         return why
 
     @property

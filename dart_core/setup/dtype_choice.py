@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ..lean_native import decodes_natively
+from ..lean_native import unsupported as native_unsupported
 from ..machine.hardware import Hardware
 from ..machine.kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
 from ..machine.records import DtypeChoice
@@ -53,7 +53,7 @@ def choose_cpu_dtype(model, hardware: Hardware, recalibrate: bool = False,
     """The dtype for `model` (loaded in fp32) on this CPU at `rows_measured` (DTYPE_ROWS: decoding; BATCH_ROWS:
     batched work), measured once per machine, model shapes and rows. native: whether the forward asked for would
     run our C layer where it can (not `DART_FORWARD=lean-eager` or `transformers`)."""
-    if native and rows_measured == DTYPE_ROWS and decodes_natively(model, hardware):
+    if native and rows_measured == DTYPE_ROWS and native_unsupported(model, hardware) is None:
         return DtypeChoice.because(LOSSLESS, "our C layer decodes fp32 here", " (dart_core/lean_native.py; bf16 runs "
                                    "torch's operations, which are slower: docs/cpu-speed.md#7-our-own-kernels-the-few-"
                                    "row-linear-and-the-c-layer)")
