@@ -242,12 +242,8 @@ def _stacked(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm: the statistics in fp32, the weight applied in the input's dtype. In fp32 on a CPU, torch's
-    fused kernel: the same bits (tests/test_lean_forward.py), one operation instead of eight."""
-    if x.dtype == torch.float32 and x.device.type == "cpu":
-        if weight.dim() == 1:
-            return F.rms_norm(x, (x.shape[-1],), weight, eps)
-        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight   # a weight per head (Qwen3's q and k norms)
+    """transformers' RMSNorm: the statistics in fp32, the weight applied in the input's dtype (a weight per head for
+    Qwen3's q and k norms broadcasts alike)."""
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 

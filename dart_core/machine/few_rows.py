@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from .cpu_info import cpu_flags, cpu_name
 from .paths import cache_root
 
 # the few-row linear, and the lean forward's decoder layer built on it (dart_core/lean_native.py)
@@ -138,18 +139,9 @@ def _built(kind: str) -> FewRowsKernel | str:
 
 def _library_path(compiler: str, flags: list[str]) -> Path:
     """Named by everything the binary depends on: a shared cache never hands one CPU's build to another."""
-    ident = "\n".join([*(source.read_text() for source in SOURCES), compiler, *flags, _cpu_identity(),
-                       torch.__version__])
+    cpu = f"{cpu_name()} {' '.join(sorted(cpu_flags()))}"
+    ident = "\n".join([*(source.read_text() for source in SOURCES), compiler, *flags, cpu, torch.__version__])
     return cache_root() / "kernels" / f"few_rows-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.so"
-
-
-def _cpu_identity() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            lines = [line for line in fh if line.startswith(("model name", "flags"))][:2]
-        return "".join(lines)
-    except OSError:
-        return platform.processor() or platform.machine()
 
 
 def _compile(compiler: str, flags: list[str], path: Path, source: str | None = None) -> str:

@@ -9,13 +9,13 @@ this machine lacks is then served by a stand-in kernel with the real one's inter
 from __future__ import annotations
 
 import os
-import platform
 from dataclasses import asdict, dataclass, fields
-from functools import lru_cache
 
 import torch
 
 from . import few_rows
+from .cpu_info import cpu_flags, cpu_name
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -133,27 +133,3 @@ def kinds_below(kind: str) -> list[str]:
     """The CPU kinds older than `kind`, which a machine of that kind can run as (CPU_KINDS' environments)."""
     names = list(CPU_KINDS)
     return names[: names.index(kind)] if kind in names else []
-
-
-def _cpuinfo(field: str) -> str | None:
-    """The value of the first `field` line of /proc/cpuinfo (None where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith(field):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-@lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (empty where /proc/cpuinfo has none)."""
-    return frozenset((_cpuinfo("flags") or "").split())
-
-
-@lru_cache(maxsize=1)
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux, platform elsewhere)."""
-    return _cpuinfo("model name") or platform.processor() or platform.machine()
