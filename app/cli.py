@@ -11,7 +11,8 @@ import os
 import sys
 
 from dart_core.errors import DartError
-from dart_core.tools.args import (DRAFT_HELP, DRAFT_INT8_HELP, DTYPE_HELP, HUB_HELP, MODEL_HELP, NGRAM_HELP,
+from dart_core.machine.records import AUTO_KERNELS, DRAFT_KERNEL_MODES
+from dart_core.tools.args import (DRAFT_HELP, DRAFT_KERNELS_HELP, DTYPE_HELP, HUB_HELP, MODEL_HELP, NGRAM_HELP,
                                   THINKING_HELP, resolve_model_names)
 from dart_core.trace import Trace
 
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thinking", action="store_true", help=THINKING_HELP)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", "fast", "fp32", "bf16", "fp16"], help=DTYPE_HELP)
-    p.add_argument("--draft-int8", default="auto", choices=["auto", "on", "off"], help=DRAFT_INT8_HELP)
+    p.add_argument("--draft-kernels", default=AUTO_KERNELS, choices=DRAFT_KERNEL_MODES, help=DRAFT_KERNELS_HELP)
     p.add_argument("--replay", action="store_true", help="load no model: only explore saved traces")
     p.add_argument("--trace", action="append", default=[], metavar="FILE",
                    help="a saved trace every session starts with (repeat for one per lane)")
@@ -55,7 +56,7 @@ def load(args):
     traces = [Trace.load(path) for path in args.trace]
     resolve_model_names(args)
     engine = Engine.replay_only(args.ngram) if args.replay else Engine.load(
-        args.model, args.draft, args.ngram, args.device, args.dtype, args.draft_int8)
+        args.model, args.draft, args.ngram, args.device, args.dtype, args.draft_kernels)
     engine.thinking = args.thinking
     return engine, traces
 

@@ -14,6 +14,7 @@ from dart_core.acceptance import SamplingConfig
 from dart_core.decoding import GenerationConfig, generate, verify_once
 from dart_core.errors import DartError
 from dart_core.methods import DART, DART_PLD
+from dart_core.machine.records import FP32_KERNELS, KERNEL_WORDS
 from dart_core.ngram import NGramModel
 from dart_core.setup.calibration import cost_curve
 from dart_core.setup.chat import encode_prompt
@@ -71,10 +72,10 @@ class Engine:
 
     @classmethod
     def load(cls, model: str = "default", draft: str = "default", ngram: str = "default", device: str = "cpu",
-             dtype: str = "auto", draft_int8: str = "auto") -> "Engine":
+             dtype: str = "auto", draft_kernels: str = "auto") -> "Engine":
         """Load the target, the draft head and the n-gram table. A missing default head falls back to a random
         (untrained) head, with a notice for the UI."""
-        loaded = MODEL_THREAD.call(load, model, draft, ngram, device, dtype, draft_int8=draft_int8,
+        loaded = MODEL_THREAD.call(load, model, draft, ngram, device, dtype, draft_kernels=draft_kernels,
                                    random_fallback=True)
         # The verify cost curve the automatic budget chooses on, measured (once per machine, then cached) before any
         # visitor keeps the machine busy; runs never measure it again (see `steps`).
@@ -116,7 +117,8 @@ class Engine:
         s = self.loaded
         choice = self.target.dtype_choice
         dtype = choice.text() if choice is not None else s.dtype
-        head = f"{s.draft}, drafting in int8" if s.draft_choice is not None and s.draft_choice.int8 else s.draft
+        kernels = s.draft_choice.kernels if s.draft_choice is not None else FP32_KERNELS
+        head = s.draft if kernels == FP32_KERNELS else f"{s.draft}, drafting {KERNEL_WORDS[kernels]}"
         return (f"Model: {s.model} · draft head: {head} · n-gram: {s.ngram} · {dtype} · "
                 f"{self.target.hardware.describe()}")
 

@@ -1,4 +1,5 @@
-"""The draft head's linears in int8, on CPUs whose quantized engine has int8 GEMMs.
+"""The draft head's linears in int8, on CPUs whose quantized engine has int8 GEMMs; and the timing of a drafting step
+by which the set-up code chooses between them, torch's fp32 and our C layer (dart_core/draft_native.py).
 
 A drafting step reads every weight of the head once for a handful of rows (the K+1 drafted positions, a few
 committed ones), so it is bound by memory, above all by the head's output layer. Weights quantized to int8 (torch's
@@ -7,7 +8,7 @@ be much faster for about the same tau (measurements: docs/cpu-speed.md#measured-
 
 The draft only proposes: the target verifies every token exactly, so an int8 head changes which tokens are drafted
 and with what probabilities, never what is emitted (greedy or sampled, the acceptance uses the probabilities the
-head gave). The set-up code measures whether int8 is faster on the machine at hand before using it.
+head gave).
 """
 
 from __future__ import annotations
@@ -64,22 +65,29 @@ def _quantized(head: DraftHead) -> DraftHead:
     return out.eval()
 
 
+def head_step(head: DraftHead, out_weight=None, output=None):
+    """A drafting step of `head` as torch runs it, and a fresh cache for it: what time_drafting times."""
+    return (lambda features, embeds, cache: head(features, embeds, cache, out_weight, output)), DraftCache
+
+
+def native_step(native):
+    """The same through the C layer (a draft_native.NativeDraftHead)."""
+    return native.step, native.new_cache
+
+
 @torch.inference_mode()
-def time_head(head: DraftHead, output=None, committed: int = 3, context: int = 128, rounds: int = 5) -> float:
-    """Seconds of one drafting step of `head` (the best of `rounds`): `committed` new tokens after `context`
-    cached ones, random inputs (the cost does not depend on the values)."""
-    c = head.config
-    dtype = head.mask_embed.dtype
+def time_drafting(step, new_cache, config, committed: int = 3, context: int = 128, rounds: int = 5) -> float:
+    """Seconds of one drafting step(features, embeds, cache) of a head of `config` (the best of `rounds`):
+    `committed` new tokens after `context` cached ones, random inputs (the cost does not depend on the values)."""
     gen = torch.Generator().manual_seed(0)
-    features = torch.randn(context + committed, 3 * c.hidden_size, generator=gen).to(dtype)
-    embeds = torch.randn(context + committed, c.hidden_size, generator=gen).to(dtype)
-    out_weight = None if head.lm_head is not None else torch.randn(c.out_vocab, c.hidden_size, generator=gen)
+    features = torch.randn(context + committed, 3 * config.hidden_size, generator=gen)
+    embeds = torch.randn(context + committed, config.hidden_size, generator=gen)
     best = float("inf")
     for i in range(rounds + 1):   # the first is a warm-up
-        cache = DraftCache()
-        head(features[:context], embeds[:context], cache, out_weight, output)
+        cache = new_cache()
+        step(features[:context], embeds[:context], cache)
         t0 = time.perf_counter()
-        head(features[context:], embeds[context:], cache, out_weight, output)
+        step(features[context:], embeds[context:], cache)
         if i:
             best = min(best, time.perf_counter() - t0)
     return best

@@ -87,8 +87,8 @@ class NativeLayers:
         kv, cap = cache.kv, cache.capacity
         layer_floats = KV * cap * d
         captured = {}
-        rows = (hidden.data_ptr(), cos.data_ptr(), sin.data_ptr(), _ptr(block))
-        sizes = (scratch.data_ptr(), n, D, H, KV, d, I, past, cap, lean.eps, threads)
+        rows = (hidden.data_ptr(), None, cos.data_ptr(), sin.data_ptr(), _ptr(block))   # None: h's own norm
+        sizes = (scratch.data_ptr(), n, D, D, H, KV, d, I, past, cap, lean.eps, threads, 0)   # 0: fp32 weights
         for i, (_, weights) in enumerate(self.layers):
             if i in taps:
                 captured[i] = hidden.clone()

@@ -1,7 +1,9 @@
 """An order-n token n-gram model with the reference's backoff, stored as sorted packed keys in numpy.
 
 Each k-gram (k = 1..order) is packed into one uint64, first token in the high bits, so the keys of each order sort
-by prefix. A query is a `searchsorted`, vectorized over a batch of (context, candidate token) pairs.
+by prefix. A query is a binary search, vectorized over a batch of (context, candidate token) pairs: in our C kernel
+where it is built (machine/ngram_counts.c: the candidates of one context searched inside that context's run of keys),
+else numpy's `searchsorted`; both give the same counts.
 
 Backoff, as in the DART reference: for the longest context suffix first, a candidate seen after that suffix gets
 P = count(suffix + token) / count(suffix); candidates not seen after any suffix get probability 0 ("unseen").
@@ -42,6 +44,7 @@ class NGramModel:
             raise NGramError("need one key array and one count array per order")
         self.keys = [np.asarray(k, dtype=np.uint64) for k in keys]      # keys[k-1]: sorted packed k-grams
         self.counts = [np.asarray(c, dtype=np.int64) for c in counts]   # counts[k-1][i]: count of keys[k-1][i]
+        self.kernel = native_kernel()   # our C lookups where they are built (None: numpy's)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -79,12 +82,14 @@ class NGramModel:
         return np.where(table[pos_c] == packed, cnt[pos_c], 0)
 
     def continuation_counts(self, ctx: np.ndarray, tokens: np.ndarray, valid: np.ndarray):
-        """ctx [B, m] context suffixes (rows where `valid` is False are ignored), tokens [B, T].
+        """ctx [B, m] context suffixes (rows where `valid` is False are ignored), tokens [B, T] ids of the vocabulary.
         Returns (count(ctx + token) [B, T], count(ctx) [B]) as float64."""
         bits = np.uint64(self.bits)
         ctx_key = np.zeros(len(ctx), dtype=np.uint64)
         for j in range(ctx.shape[1]):
             ctx_key = (ctx_key << bits) | np.where(valid, ctx[:, j], 0).astype(np.uint64)
+        if self.kernel is not None:
+            return self._native_counts(ctx.shape[1], ctx_key, valid, tokens)
         den = np.where(valid, self._count(ctx.shape[1], ctx_key), 0).astype(np.float64)
         num = self._count(ctx.shape[1] + 1, (ctx_key[:, None] << bits) | tokens.astype(np.uint64))
         return (num * valid[:, None]).astype(np.float64), den
@@ -106,6 +111,19 @@ class NGramModel:
         ctx = [-1] * (self.order - 1 - len(ctx)) + ctx
         p, m = self.lookup(np.asarray([ctx]), np.asarray([list(tokens)]))
         return p[0], m[0]
+
+    def _native_counts(self, m: int, ctx_key: np.ndarray, valid: np.ndarray, tokens: np.ndarray):
+        B, T = tokens.shape
+        ctx_key = np.ascontiguousarray(ctx_key, dtype=np.uint64)
+        valid = np.ascontiguousarray(valid, dtype=np.uint8)
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64)
+        num, den = np.empty((B, T)), np.empty(B)
+        keys_m, keys_next = self.keys[m - 1], self.keys[m]
+        self.kernel.lib.ngram_counts(
+            ctx_key.ctypes.data, valid.ctypes.data, tokens.ctypes.data, B, T, self.bits,
+            keys_m.ctypes.data, self.counts[m - 1].ctypes.data, keys_m.size,
+            keys_next.ctypes.data, self.counts[m].ctypes.data, keys_next.size, num.ctypes.data, den.ctypes.data)
+        return num, den
 
     # ------------------------------------------------------------------ persistence
     def save(self, path) -> None:
@@ -131,6 +149,13 @@ class NGramModel:
             if keys[k].shape != counts[k].shape:
                 raise NGramError(f"{path}: keys{k + 1} and counts{k + 1} differ in length")
         return cls(order, vocab, keys, counts)
+
+
+def native_kernel():
+    """Our C kernels built for this CPU (their n-gram lookup has no vector code: any build serves), or None."""
+    from .machine.hardware import detect   # (the machine package imports torch; tables load without it otherwise)
+    from .machine import few_rows
+    return few_rows.kernel(detect().kind)
 
 
 def backoff(contexts, tokens, order: int, counts_fn) -> tuple[np.ndarray, np.ndarray]:

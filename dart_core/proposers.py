@@ -18,10 +18,12 @@ import torch
 
 from .budget.auto import AutoBudget
 from .context_ngram import ContextNGram
+from . import draft_native
 from .draft_head import DraftCache, DraftHead
 from .draft_kernels import int8_copy, int8_supported
 from .errors import ConfigError
 from .machine.kernels import onednn_applies, packed_linear
+from .machine.records import DRAFT_KERNELS, FP32_KERNELS, INT8_KERNELS, NATIVE_KERNELS
 from .methods import DART, DART_PLD, PLD, VANILLA
 from .ngram import NGramModel
 from .budget.step_budget import CurveFix, StepBudget
@@ -107,27 +109,34 @@ class Drafter:
 class HeadDrafter(Drafter):
     """The trained (or random) DART head fed with the target's features and embeddings."""
 
-    def __init__(self, head: DraftHead, target, int8: bool = False):
-        """int8: draft with an int8 copy of the head (dart_core.draft_kernels; the set-up code measures whether it
-        is faster here). The emitted tokens do not depend on it: the target verifies every draft."""
+    def __init__(self, head: DraftHead, target, kernels: str = FP32_KERNELS):
+        """kernels: how the head drafts (machine.records.DRAFT_KERNELS: our C layer in bf16, an int8 copy, or torch
+        on the head as it is; the set-up code measures which is fastest here). The emitted tokens do not depend on
+        it: the target verifies every draft."""
         head.check_target(target)
         self.head = head.to(device=target.device)
         self.target = target
         self.n_rows = head.config.n_rows
-        self.cache = DraftCache()
         weight = target.lm_head.weight
         self.out_weight = None if head.lm_head is not None else (
             weight if head.d2t is None else weight[head.d2t.to(weight.device)])
-        self.output, self.int8 = None, int8
-        if int8:
+        self.output, self.native, self.kernels = None, None, kernels
+        if kernels == NATIVE_KERNELS:
+            if (why := draft_native.unsupported(head, target.hardware)) is not None:
+                raise ConfigError(f"the C layer cannot draft here: {why}")
+            self.native = draft_native.packed(head, target.hardware, self.out_weight)
+        elif kernels == INT8_KERNELS:
             if (why := int8_supported(target.hardware, head)) is not None:
                 raise ConfigError(f"an int8 draft head cannot run here: {why}")
             self.head = int8_copy(self.head)
+        elif kernels != FP32_KERNELS:
+            raise ConfigError(f"unknown draft kernels {kernels!r}; use one of {', '.join(DRAFT_KERNELS)}")
         elif onednn_applies(head.lm_head, target.hardware):
             self.output = packed_linear(head.lm_head, target.hardware)
+        self.reset()
 
     def reset(self):
-        self.cache = DraftCache()
+        self.cache = self.native.new_cache() if self.native is not None else DraftCache()
 
     @torch.inference_mode()
     def draft(self, context, new_features):
@@ -136,6 +145,8 @@ class HeadDrafter(Drafter):
             raise RuntimeError(f"draft cache out of step: {P} cached + {S} new != {len(context) - 1} committed")
         ids = torch.tensor(context[P + 1:], dtype=torch.long, device=self.target.device)
         embeds = self.target.embed_tokens(ids)
+        if self.native is not None:
+            return self.native.step(new_features, embeds, self.cache)
         return self.head(new_features, embeds, self.cache, self.out_weight, self.output)[: self.n_rows]
 
     def target_ids(self, draft_ids):

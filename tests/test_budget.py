@@ -182,7 +182,7 @@ def test_dart_pld_chooses_its_branch_length_as_it_goes_and_stays_lossless(monkey
     prompt = [1, 5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]
     cheap = CostCurve((1, 4, 64), (1.0, 1.1, 50.0))
     monkeypatch.setattr(loading, "cost_curve", lambda *a, **k: cheap)   # this machine's curve is not measured
-    loaded = Loaded(target, random_head(target, n_mask=2, seed=2), draft_int8="off")
+    loaded = Loaded(target, random_head(target, n_mask=2, seed=2), draft_kernels="fp32")
     dart = loaded.proposer(DART_PLD, DraftSettings(SearchConfig(topk=5, beam_width=3, node_budget=6), auto_budget=True))
     auto = dart.auto_budget
     assert dart.lookup.num_tokens == LOOKUP_LONGEST and auto.chooses_lookup

@@ -14,9 +14,10 @@ import pytest
 from dart_core.machine.hardware import CPU_KINDS, ISA_LIMIT_VARIABLES, cpu_kind, detect, kinds_below
 
 ROOT = Path(__file__).resolve().parent.parent
-# the modules whose paths are gated on what the CPU can do: kernel choice and packing, dtype choice, int8 drafting
+# the modules whose paths are gated on what the CPU can do: kernel choice and packing, dtype choice, int8 drafting,
+# our kernels and the draft head's C layer
 CPU_DEPENDENT = ["tests/test_kernels.py", "tests/test_dtype_choice.py", "tests/test_draft_kernels.py",
-                 "tests/test_few_rows.py"]
+                 "tests/test_few_rows.py", "tests/test_draft_native.py"]
 # Their tests, by the kernels they reach. Every kind below this one holds oneDNN down (ONEDNN_MAX_CPU_ISA): the tests
 # that reach oneDNN (the capability-gated kernels through `capable`, torch's own bf16 GEMMs, the measurements of
 # kernels and dtypes), or read what the CPU can do, run as each kind.
@@ -46,6 +47,10 @@ ON_ATEN_KINDS = [
     "tests/test_few_rows.py::test_it_computes_what_torch_computes_for_any_shape_rows_and_bias",
     "tests/test_few_rows.py::test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count",
     "tests/test_few_rows.py::test_the_kernel_shares_torchs_openmp_runtime",
+    "tests/test_few_rows.py::test_bf16_weights_give_the_fp32_product_of_the_widened_weights",
+    "tests/test_draft_native.py::test_its_steps_compute_what_the_head_computes",
+    "tests/test_draft_native.py::test_the_cache_grows_and_keeps_what_it_holds",
+    "tests/test_draft_native.py::test_greedy_output_with_the_c_layer_is_plain_decodings",
 ]
 # Logic on made-up hardware, timings and command lines: the same on every CPU, run in the main run only.
 ON_ANY_CPU = [
@@ -56,7 +61,8 @@ ON_ANY_CPU = [
     "tests/test_dtype_choice.py::test_decoding_takes_fp32_where_the_c_layer_runs_it_and_batched_work_still_measures",
     "tests/test_dtype_choice.py::test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster",
     "tests/test_dtype_choice.py::test_train_and_train_data_default_to_the_measured_dtype",
-    "tests/test_draft_kernels.py::test_auto_takes_int8_only_where_it_measures_faster",
+    "tests/test_draft_kernels.py::test_auto_takes_the_fastest_kernels_measured_and_int8_only_by_a_margin",
+    "tests/test_draft_native.py::test_where_it_cannot_run_it_says_why",
     "tests/test_few_rows.py::test_bad_inputs_are_refused_in_one_line",
     "tests/test_few_rows.py::test_a_build_that_cannot_happen_says_why",
     "tests/test_few_rows.py::test_a_fault_in_our_sources_is_told_from_a_missing_toolchain",

@@ -32,7 +32,7 @@ def test_default_model_loads_offline(target):
 
 def test_shipped_head_is_lossless_and_trained(target):
     assert (DEFAULT_HEAD / "config.json").is_file(), "the trained head must be shipped in assets/"
-    loaded = load(target=target, draft_int8="off")
+    loaded = load(target=target, draft_kernels="fp32")
     dart, dart_pld, vanilla = (loaded.proposer(m) for m in ("dart", "dart_pld", "vanilla"))
     metrics = Metrics()
     cfg = GenerationConfig(max_new_tokens=48, stop_ids=stop_ids(target))

@@ -1,6 +1,6 @@
 """The int8 draft head: it drafts nearly the rows the fp32 head drafts, the emitted tokens never depend on it (greedy
-identical to plain decoding, sampling through the statistical test), it runs only where it can, and `auto` takes it
-only where it measures faster."""
+identical to plain decoding, sampling through the statistical test), it runs only where it can; and `auto` takes the
+fastest kernels measured, int8 only by a margin. (The C layer's drafting: tests/test_draft_native.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dart_core.errors import ConfigError
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup import calibration
 from dart_core.machine.records import DraftKernelChoice
-from dart_core.setup.calibration import draft_int8_choice
+from dart_core.setup.calibration import draft_kernel_choice
 from dart_core.target import TargetModel
 from dart_core.tree_search import SearchConfig
 from tests.sampling_stats import chi2_pvalue, exact_joint, sample_through_the_loop
@@ -58,10 +58,10 @@ def test_greedy_output_does_not_depend_on_the_draft_kernels(target, one_thread):
     head = random_head(target, n_mask=3, seed=2, tie_output=False)
     for prompt in ([1, 5, 9, 13, 17], [1, 40, 41, 42, 40, 41, 42, 40]):
         reference = plain_greedy_reference(target, prompt, 24)
-        for int8 in (False, True):
-            dart = DartProposer(HeadDrafter(head, target, int8=int8), SearchConfig(node_budget=8))
+        for kernels in ("fp32", "int8"):
+            dart = DartProposer(HeadDrafter(head, target, kernels), SearchConfig(node_budget=8))
             trace = run(target, dart, prompt, GenerationConfig(max_new_tokens=24))
-            assert trace.output_ids == reference, int8
+            assert trace.output_ids == reference, kernels
 
 
 @needs_int8
@@ -72,7 +72,7 @@ def test_sampling_with_an_int8_head_matches_the_target_distribution(one_thread):
     sampling = SamplingConfig(temperature=1.0, top_p=0.95, top_k=3)
     prompt, n_tokens, n_runs = [3, 5, 7], 4, 400
     joint = exact_joint(target, prompt, sampling, n_tokens)
-    dart = DartProposer(HeadDrafter(random_head(target, n_mask=1, seed=4, tie_output=False), target, int8=True),
+    dart = DartProposer(HeadDrafter(random_head(target, n_mask=1, seed=4, tie_output=False), target, "int8"),
                         SearchConfig(topk=3, beam_width=3, node_budget=6))
     stats = sample_through_the_loop(target, dart, prompt, sampling, n_tokens, n_runs)
     assert stats["accepted"] > n_runs / 4 and all(out in joint for out in stats["outputs"])
@@ -86,25 +86,39 @@ def test_int8_runs_only_where_it_can(target):
     assert "CPUs only" in int8_supported(cuda, random_head(target))
     bf16 = TargetModel(tiny_target("llama", seed=3).model.to(torch.bfloat16))
     with pytest.raises(ConfigError, match="int8 draft head cannot run here: int8 quantization starts from an fp32"):
-        HeadDrafter(random_head(target).to(torch.bfloat16), bf16, int8=True)
+        HeadDrafter(random_head(target).to(torch.bfloat16), bf16, "int8")
+    with pytest.raises(ConfigError, match="unknown draft kernels 'fast'"):
+        HeadDrafter(random_head(target), target, "fast")
 
 
-def test_auto_takes_int8_only_where_it_measures_faster(target, tmp_path, monkeypatch):
+def test_auto_takes_the_fastest_kernels_measured_and_int8_only_by_a_margin(target, tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     head = random_head(target, n_mask=3)
-    assert draft_int8_choice(head, target, "off") == DraftKernelChoice(False, "off (--draft-int8 off)")
-    with pytest.raises(ConfigError, match="auto, on or off"):
-        draft_int8_choice(head, target, "maybe")
-    if int8_supported(target.hardware, head) is not None:
-        with pytest.raises(ConfigError, match="--draft-int8 on"):
-            draft_int8_choice(head, target, "on")
-        assert draft_int8_choice(head, target, "auto").int8 is False
-        return
-    assert draft_int8_choice(head, target, "on").int8 is True
-    times = iter([0.010, 0.004])     # fp32, then int8: int8 wins
-    monkeypatch.setattr(calibration, "time_head", lambda h, output=None: next(times))
-    choice = draft_int8_choice(head, target, "auto")
-    assert choice.int8 and choice.reason.startswith("int8: faster here, a drafting step 4.0 ms in int8")
-    assert draft_int8_choice(head, target, "auto") == choice                 # cached: measured once
-    times = iter([0.010, 0.0095])    # measured again: int8 barely faster, not enough
-    assert draft_int8_choice(head, target, "auto", recalibrate=True).int8 is False
+    assert draft_kernel_choice(head, target, "fp32") == DraftKernelChoice("fp32", "fp32 (--draft-kernels fp32)")
+    with pytest.raises(ConfigError, match="auto, native, int8, fp32"):
+        draft_kernel_choice(head, target, "maybe")
+    hardware = target.hardware
+    if int8_supported(hardware, head) is not None:
+        with pytest.raises(ConfigError, match="--draft-kernels int8"):
+            draft_kernel_choice(head, target, "int8")
+    else:
+        assert draft_kernel_choice(head, target, "int8").int8
+    # all three measured, as on a machine where all three run (the steps named, their times given)
+    monkeypatch.setattr(calibration.draft_native, "unsupported", lambda h, hw: None)
+    monkeypatch.setattr(calibration, "int8_supported", lambda hw, h: None)
+    monkeypatch.setattr(calibration, "int8_copy", lambda h: "an int8 copy")
+    seconds = {}
+    monkeypatch.setattr(calibration, "time_drafting", lambda step, new_cache, config: seconds[step])
+    monkeypatch.setattr(calibration, "head_step", lambda h, out_weight=None, output=None:
+                        ("int8" if h is not head else "fp32", None))
+    monkeypatch.setattr(calibration, "native_step", lambda native: ("native", None))
+    monkeypatch.setattr(calibration.draft_native, "packed", lambda h, hw, out_weight=None: None)
+    seconds.update(fp32=0.010, native=0.003, int8=0.004)
+    choice = draft_kernel_choice(head, target)
+    assert choice.kernels == "native" and choice.reason == ("native: the fastest here, a drafting step 3.0 ms in bf16 "
+                                                            "through our C layer, 4.0 ms in int8, 10.0 ms in fp32")
+    seconds.update(native=0.009)     # cached: measured once
+    assert draft_kernel_choice(head, target) == choice
+    assert draft_kernel_choice(head, target, recalibrate=True).kernels == "int8"   # 4.0 <= 0.9 * 9.0
+    seconds.update(int8=0.0085)      # int8 barely faster: not enough
+    assert draft_kernel_choice(head, target, recalibrate=True).kernels == "native"

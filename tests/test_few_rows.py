@@ -56,6 +56,25 @@ def test_it_computes_what_torch_computes_for_any_shape_rows_and_bias(out_feature
                 assert torch.allclose(out, expected, atol=1e-4, rtol=1e-4), (rows, bias is None)
 
 
+@pytest.mark.parametrize("out_features,in_features", [(1, 5), (33, 70), (257, 576)])
+def test_bf16_weights_give_the_fp32_product_of_the_widened_weights(out_features, in_features):
+    """The draft head's products read bf16 weights: exactly the fp32 kernel on the same weights rounded to bf16."""
+    kernel = real_or_why()
+    gen = torch.Generator().manual_seed(in_features)
+    weight, bias = torch.randn(out_features, in_features, generator=gen), torch.randn(out_features, generator=gen)
+    rounded = weight.bfloat16().float()
+    for rows in (1, 6, 9):
+        x = torch.randn(rows, in_features, generator=gen)
+        expected = F.linear(x, rounded, bias)
+        stand_in = few_rows.stand_in_linear(x, few_rows.pack(weight, 16, torch.bfloat16), bias)
+        assert torch.allclose(stand_in, expected, atol=1e-4, rtol=1e-4)
+        if kernel is not None:
+            packed = kernel.pack(weight, torch.bfloat16)
+            assert packed.blocks.dtype == torch.bfloat16
+            assert torch.equal(kernel.linear(x, packed, bias), kernel.linear(x, kernel.pack(rounded), bias))
+            assert torch.allclose(kernel.linear(x, packed, bias), expected, atol=1e-4, rtol=1e-4)
+
+
 def test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count():
     """Each output is summed in one fixed order whatever the rows beside it: a tree's verify reproduces plain
     decoding's products bit for bit."""

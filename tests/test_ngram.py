@@ -61,6 +61,29 @@ def test_counts_and_lookup_match_naive_model():
                 assert pi == pytest.approx(ep) and mi == em
 
 
+def test_the_c_counts_are_numpys():
+    """Where our kernels are built the counts come from C (each context's run of keys searched once): exactly what
+    numpy's searchsorted gives, up to keys filling all 64 bits and tokens at the top of the vocabulary."""
+    rng = np.random.default_rng(5)
+    for vocab, order in ((16, 3), (16, 16), (50, 4), (2, 2)):
+        streams = [rng.integers(0, vocab, rng.integers(1, 200)).tolist() for _ in range(20)]
+        streams.append([vocab - 1] * 40)                         # the largest keys of every order
+        m = NGramModel.build(streams, vocab_size=vocab, order=order)
+        if m.kernel is None:      # no C compiler here: numpy's counts are all there is
+            return
+        contexts = rng.integers(-1, vocab, (40, order - 1))
+        contexts[:5] = vocab - 1
+        tokens = rng.integers(0, vocab, (40, 7))
+        tokens[:, 0] = vocab - 1
+        native = m.lookup(contexts, tokens)
+        kernel, m.kernel = m.kernel, None
+        try:
+            assert all(np.array_equal(a, b) for a, b in zip(native, m.lookup(contexts, tokens))), (vocab, order)
+        finally:
+            m.kernel = kernel
+        assert native[1].max() == order - 1                      # some contexts matched at full length
+
+
 def test_batched_lookup_equals_single():
     rng = random.Random(3)
     streams = [[rng.randrange(20) for _ in range(100)] for _ in range(5)]

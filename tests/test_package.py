@@ -40,8 +40,9 @@ def test_the_wheel_carries_the_engine_the_app_the_shipped_assets_and_both_comman
     (wheel,) = tmp_path.glob("dart_lab-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"dart_core/tools/cli.py", "app/ui.py", "app/help.md", "app/style.css", "dart_core/assets/smollm2-ngram3.npz",
-            "dart_core/machine/few_rows.c",
             "dart_core/assets/smollm2-dart-head/model.safetensors"} <= names
+    from dart_core.machine.few_rows import SOURCES   # every C source the kernels are built from
+    assert {f"dart_core/machine/{source.name}" for source in SOURCES} <= names
     in_tree = {str(p.relative_to(ROOT)) for top in ("dart_core", "app") for p in (ROOT / top).rglob("*.py")}
     assert {n for n in names if n.endswith(".py")} == in_tree    # every module, and none that is gone
     entry = next(n for n in names if n.endswith("entry_points.txt"))

@@ -113,12 +113,17 @@ def test_run_settings_say_how_the_run_was_made_in_one_line():
 
 
 def test_the_benchs_draft_kernels_read_in_either_form():
-    # bench reports before the record wrote the kernels alone; traces wrote the whole choice, as both do now
+    # bench reports before the record wrote the kernels alone; traces wrote the whole choice, as both do now; records
+    # from before the C layer drafted said int8 or not
     assert DraftKernelChoice.from_dict("int8").int8 and not DraftKernelChoice.from_dict("fp32").int8
     choice = DraftKernelChoice.from_dict(OLD_MACHINE["draft_kernels"])
-    assert through_json(choice) == choice and choice.to_dict() == OLD_MACHINE["draft_kernels"]
-    off = DraftKernelChoice(False, "off (--draft-int8 off)")
-    assert off.to_dict() == {"int8": False, "reason": "off (--draft-int8 off)"} and off.kernels == "fp32"
+    assert choice.kernels == "int8" and choice.seconds == OLD_MACHINE["draft_kernels"]["seconds"]
+    assert through_json(choice) == choice and choice.to_dict() == {
+        "kernels": "int8", **{k: v for k, v in OLD_MACHINE["draft_kernels"].items() if k != "int8"}}
+    assert DraftKernelChoice.from_dict({"int8": False, "reason": "off"}).kernels == "fp32"
+    native = DraftKernelChoice("native", "native (--draft-kernels native)")
+    assert native.to_dict() == {"kernels": "native", "reason": "native (--draft-kernels native)"}
+    assert through_json(native) == native and not native.int8
 
 
 def test_a_dtype_choice_carries_its_gist_for_the_header():
@@ -147,10 +152,12 @@ def test_run_settings_keep_their_machine_record():
 def test_the_apps_header_reads_the_choices_gist():
     engine = tiny_engine(ngram=False)
     engine.target.dtype_choice = lossless_choice()
-    engine.loaded.__dict__["draft_choice"] = DraftKernelChoice(True, "on (--draft-int8 on)")   # not measured here
+    engine.loaded.__dict__["draft_choice"] = DraftKernelChoice("int8", "int8 (--draft-kernels int8)")   # not measured
     header = engine.describe()
     assert "draft head: random, drafting in int8 · n-gram: none · fp32 (the dtype in which DART's greedy output " \
            "is token-identical to plain decoding) · " in header
+    engine.loaded.__dict__["draft_choice"] = DraftKernelChoice("native", "native: the fastest here")
+    assert "draft head: random, drafting in bf16 through our C layer · " in engine.describe()
     engine.target.dtype_choice = None
-    engine.loaded.__dict__["draft_choice"] = DraftKernelChoice(False, "off (--draft-int8 off)")
+    engine.loaded.__dict__["draft_choice"] = DraftKernelChoice("fp32", "fp32 (--draft-kernels fp32)")
     assert "draft head: random · n-gram: none · fp32 · " in engine.describe()

@@ -7,10 +7,17 @@
    FMA each) whatever M is, so a row's result does not depend on the rows computed with it: verifying a tree gives
    exactly the logits plain decoding gives for the same prefix (up to attention).
 
+   The same product reads bf16 weights too (few_rows_linear_bf16, the draft head's: dart_core/draft_native.py): each
+   is widened to fp32 exactly (its 16 bits become the top half of a float) as it is loaded, so it reads half the
+   bytes and computes as the fp32 product does on the widened weights.
+
    Built by dart_core/machine/few_rows.py with the C compiler at hand, for the CPU at hand (VW: 16 floats with
    AVX-512, else 8); threads from OpenMP (torch's own runtime, loaded first), their number passed by the caller. */
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
 #endif
 
 #ifdef __AVX512F__
@@ -21,6 +28,23 @@
 #define REGS 16
 #endif
 typedef float vf __attribute__((vector_size(VW * 4)));
+typedef unsigned int vu __attribute__((vector_size(VW * 4)));
+typedef unsigned short vh __attribute__((vector_size(VW * 2)));
+typedef unsigned short bf16;
+
+/* VW weights at p: fp32 as they are, bf16 widened (exactly: bf16 is the top half of an fp32). */
+static inline vf load_f32(const float *p) { return *(const vf *)p; }
+static inline vf load_bf16(const bf16 *p) {
+#if defined(__AVX512F__)   /* one widening load (the generic form below compiles to two halves) */
+    return (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+#elif defined(__AVX2__)
+    return (vf)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
+#else
+    vh h;
+    __builtin_memcpy(&h, p, sizeof h);
+    return (vf)(__builtin_convertvector(h, vu) << 16);
+#endif
+}
 
 /* Blocks of VW outputs done together: as many as the registers hold with M accumulators each (at most 8). */
 #define NB_MAX(M) ((REGS - 1) / ((M) + 1))
@@ -36,17 +60,17 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
     for (int i = 0; i < VW && n + i < N; i++) y[n + i] = b ? v[i] + b[n + i] : v[i];
 }
 
-#define BLOCKS(M, NB)                                                                                         \
+#define BLOCKS(M, NB, LOAD)                                                                                         \
     {                                                                                                         \
         vf acc[M][NB];                                                                                        \
         _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                                                   \
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[m][j] = (vf){0};                         \
-        const float *wb = w + blk * K * VW;                                                                   \
+        const __typeof__(*w) *wb = w + blk * K * VW;                                                          \
         for (long k = 0; k < K; k++) {                                                                        \
             vf wv[NB];                                                                                        \
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) {                                            \
                 __builtin_prefetch(wb + (j * K + k + PREFETCH) * VW, 0, 3);                                   \
-                wv[j] = *(const vf *)(wb + (j * K + k) * VW);                                                 \
+                wv[j] = LOAD(wb + (j * K + k) * VW);                                                          \
             }                                                                                                 \
             _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) {                                             \
                 float xs = x[m * K + k];                                                                      \
@@ -57,38 +81,53 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
             for (int j = 0; j < NB; j++) store(y + m * N, acc[m][j], (blk + j) * VW, N, b);                   \
     }
 
-#define ROWS(M)                                                                                               \
-    static void rows_##M(const float *restrict x, const float *restrict w, const float *restrict b,          \
-                         float *restrict y, long K, long N, long first, long end) {                           \
+#define ROWS(M, WT, NAME, LOAD)                                                                               \
+    static void NAME##_##M(const float *restrict x, const WT *restrict w, const float *restrict b,            \
+                           float *restrict y, long K, long N, long first, long end) {                         \
         enum { NB = NB_FOR(M) };                                                                              \
         long blk = first;                                                                                     \
-        for (; blk + NB <= end; blk += NB) BLOCKS(M, NB)                                                      \
-        for (; blk < end; blk++) BLOCKS(M, 1)                                                                 \
+        for (; blk + NB <= end; blk += NB) BLOCKS(M, NB, LOAD)                                                \
+        for (; blk < end; blk++) BLOCKS(M, 1, LOAD)                                                           \
     }
-ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+#define ALL_ROWS(WT, NAME, LOAD)                                                                              \
+    ROWS(1, WT, NAME, LOAD) ROWS(2, WT, NAME, LOAD) ROWS(3, WT, NAME, LOAD) ROWS(4, WT, NAME, LOAD)           \
+    ROWS(5, WT, NAME, LOAD) ROWS(6, WT, NAME, LOAD) ROWS(7, WT, NAME, LOAD) ROWS(8, WT, NAME, LOAD)           \
+    static void (*const NAME[MAX_ROWS + 1])(const float *, const WT *, const float *, float *, long, long, long,  \
+                                           long) = {0,       NAME##_1, NAME##_2, NAME##_3, NAME##_4,          \
+                                                    NAME##_5, NAME##_6, NAME##_7, NAME##_8};
+ALL_ROWS(float, f32_rows, load_f32)
+ALL_ROWS(bf16, bf16_rows, load_bf16)
 
-typedef void (*rows_fn)(const float *, const float *, const float *, float *, long, long, long, long);
-static const rows_fn BY_ROWS[MAX_ROWS + 1] = {0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6, rows_7, rows_8};
+/* Each thread takes a share of the blocks and, GROUP blocks at a time, every pass of MAX_ROWS rows over them. */
+#define LINEAR(BY_ROWS)                                                                                       \
+    long blocks = (N + VW - 1) / VW;                                                                          \
+    _Pragma("omp parallel num_threads(threads)") {                                                            \
+        int t = 0, T = 1;                                                                                     \
+        THREAD_IDS(t, T)                                                                                      \
+        long lo = blocks * t / T, hi = blocks * (t + 1) / T;                                                  \
+        for (long g = lo; g < hi; g += GROUP) {                                                               \
+            long end = g + GROUP < hi ? g + GROUP : hi;                                                       \
+            for (long m0 = 0; m0 < M; m0 += MAX_ROWS) {                                                       \
+                long rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;                                            \
+                BY_ROWS[rows](x + m0 * K, w, b, y + m0 * N, K, N, g, end);                                    \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+#ifdef _OPENMP
+#define THREAD_IDS(t, T) t = omp_get_thread_num(), T = omp_get_num_threads();
+#else
+#define THREAD_IDS(t, T)
+#endif
 
 /* w: packed as above, zeros past N; b: N floats or NULL; x, y: contiguous. */
 void few_rows_linear(const float *x, const float *w, const float *b, float *y, long M, long K, long N, int threads) {
-    long blocks = (N + VW - 1) / VW;
-#pragma omp parallel num_threads(threads)
-    {
-        int t = 0, T = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        T = omp_get_num_threads();
-#endif
-        long lo = blocks * t / T, hi = blocks * (t + 1) / T;
-        for (long g = lo; g < hi; g += GROUP) {
-            long end = g + GROUP < hi ? g + GROUP : hi;
-            for (long m0 = 0; m0 < M; m0 += MAX_ROWS) {
-                long rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
-                BY_ROWS[rows](x + m0 * K, w, b, y + m0 * N, K, N, g, end);
-            }
-        }
-    }
+    LINEAR(f32_rows)
+}
+
+/* The same with bf16 weights (packed the same way). */
+void few_rows_linear_bf16(const float *x, const bf16 *w, const float *b, float *y, long M, long K, long N,
+                          int threads) {
+    LINEAR(bf16_rows)
 }
 
 int few_rows_width(void) { return VW; }

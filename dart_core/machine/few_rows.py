@@ -1,5 +1,6 @@
-"""Our own fp32 kernels for few rows, built for the CPU at hand with its C compiler: few_rows.c (a linear) and
-lean_layer.c (a whole decoder layer on it, which dart_core/lean_native.py drives).
+"""Our own fp32 kernels for few rows, built for the CPU at hand with its C compiler: few_rows.c (a linear, on fp32 or
+bf16 weights) and lean_layer.c (a whole decoder layer on it, which dart_core/lean_native.py drives for the target and
+dart_core/draft_native.py for the draft head); with them ngram_counts.c, the tree search's n-gram counts.
 
 A decode step computes each linear for 1 row, a verify for a handful; both read every weight once, so the kernel that
 keeps memory busy wins. torch's GEMMs leave much of it unused at 2-16 rows (docs/cpu-speed.md, section 7). The C
@@ -30,8 +31,8 @@ import torch
 from .cpu_info import cpu_flags, cpu_name
 from .paths import cache_root
 
-# the few-row linear, and the lean forward's decoder layer built on it (dart_core/lean_native.py)
-SOURCES = (Path(__file__).with_name("few_rows.c"), Path(__file__).with_name("lean_layer.c"))
+# the few-row linear, the decoder layer built on it (dart_core/lean_native.py, draft_native.py), the n-gram counts
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("few_rows.c", "lean_layer.c", "ngram_counts.c"))
 BUILD_SECONDS = 120
 # The instruction set the build targets, by CPU kind (hardware.CPU_KINDS): a process held to an older kind gets that
 # kind's code, as torch's own kernels do; the machine's own kind gets everything its CPU has.
@@ -44,16 +45,19 @@ UNWRITABLE = "cannot write the kernels' cache folder"
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """A weight [N, K] packed as [ceil(N / width), K, width] (zeros past N), and its N."""
+    """A weight [N, K] packed as [ceil(N / width), K, width] (zeros past N), fp32 or bf16, and its N."""
     blocks: torch.Tensor
     out_features: int
 
 
-def pack(weight: torch.Tensor, width: int) -> PackedWeight:
+def pack(weight: torch.Tensor, width: int, dtype: torch.dtype = torch.float32) -> PackedWeight:
+    """`weight` packed for the kernel, in fp32 or (rounded to) bf16."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"the few-row kernel reads fp32 or bf16 weights, not {dtype}")
     n, k = weight.shape
     padded = -(-n // width) * width
-    w = torch.zeros(padded, k, dtype=torch.float32)
-    w[:n] = weight.detach().float()
+    w = torch.zeros(padded, k, dtype=dtype)
+    w[:n] = weight.detach().to(dtype)
     return PackedWeight(w.view(padded // width, width, k).transpose(1, 2).contiguous(), n)
 
 
@@ -62,35 +66,41 @@ class FewRowsKernel:
 
     def __init__(self, path: Path):
         self.lib = ctypes.CDLL(str(path))
-        self.lib.few_rows_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
-        self.lib.few_rows_linear.restype = None
+        for name in ("few_rows_linear", "few_rows_linear_bf16"):
+            getattr(self.lib, name).argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+            getattr(self.lib, name).restype = None
         self.width = int(self.lib.few_rows_width())
         p, n = ctypes.c_void_p, ctypes.c_long
-        self.lib.lean_layer.argtypes = [p] * 16 + [n] * 8 + [ctypes.c_float, ctypes.c_int]
+        self.lib.lean_layer.argtypes = [p] * 17 + [n] * 9 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
         self.lib.lean_layer.restype = None
         self.lib.lean_layer_scratch.argtypes = [n] * 7 + [ctypes.c_int]
         self.lib.lean_layer_scratch.restype = n
         self.lib.lean_final_norm.argtypes = [p, p, p, n, n, ctypes.c_float]
         self.lib.lean_final_norm.restype = None
+        self.lib.draft_input.argtypes = [p] * 7 + [n] * 3 + [ctypes.c_float]
+        self.lib.draft_input.restype = None
+        self.lib.ngram_counts.argtypes = [p] * 3 + [n] * 2 + [ctypes.c_int] + [p] * 2 + [n] + [p] * 2 + [n] + [p] * 2
+        self.lib.ngram_counts.restype = None
 
-    def pack(self, weight: torch.Tensor) -> PackedWeight:
-        return pack(weight, self.width)
+    def pack(self, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PackedWeight:
+        return pack(weight, self.width, dtype)
 
     def linear(self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         x = x.contiguous()
         rows, k = x.shape
         if w.blocks.shape[1] != k or x.dtype != torch.float32:
             raise ValueError(f"few-row kernel: x {tuple(x.shape)} {x.dtype} against a packed [{w.out_features}, "
-                             f"{w.blocks.shape[1]}] fp32 weight")
+                             f"{w.blocks.shape[1]}] weight")
         y = torch.empty(rows, w.out_features, dtype=torch.float32)
-        self.lib.few_rows_linear(x.data_ptr(), w.blocks.data_ptr(), None if bias is None else bias.data_ptr(),
-                                 y.data_ptr(), rows, k, w.out_features, torch.get_num_threads())
+        product = self.lib.few_rows_linear_bf16 if w.blocks.dtype == torch.bfloat16 else self.lib.few_rows_linear
+        product(x.data_ptr(), w.blocks.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), rows, k,
+                w.out_features, torch.get_num_threads())
         return y
 
 
 def stand_in_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """The kernel's arithmetic in torch, from the same packed layout (where the real one cannot be built)."""
-    y = torch.einsum("mk,bkv->mbv", x.float(), w.blocks).reshape(x.shape[0], -1)[:, : w.out_features]
+    y = torch.einsum("mk,bkv->mbv", x.float(), w.blocks.float()).reshape(x.shape[0], -1)[:, : w.out_features]
     return y if bias is None else y + bias
 
 

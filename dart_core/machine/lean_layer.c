@@ -1,4 +1,6 @@
-/* One decoder layer of the lean forward (Llama / Qwen2 / Qwen3 / Mistral) for few rows, in fp32, in one call.
+/* One decoder layer of the lean forward (Llama / Qwen2 / Qwen3 / Mistral) for few rows, in fp32, in one call; the
+   same layer serves the DART draft head (dart_core/draft_native.py), whose attention reads rows it assembles itself
+   (draft_input) and whose weights are bf16.
 
    Between its matrix products a layer does some thirty small operations (norms, the rotation, the cache writes,
    attention, the activation). As torch operations each costs a dispatch, and after a product has streamed megabytes
@@ -16,6 +18,17 @@
 #endif
 
 void few_rows_linear(const float *x, const float *w, const float *b, float *y, long M, long K, long N, int threads);
+void few_rows_linear_bf16(const float *x, const unsigned short *w, const float *b, float *y, long M, long K, long N,
+                          int threads);
+
+/* y = x w^T (+ b) with w fp32 or, where bf16 is set, bf16 */
+static void linear(const float *x, const void *w, const float *b, float *y, long M, long K, long N, int threads,
+                   int bf16) {
+    if (bf16)
+        few_rows_linear_bf16(x, w, b, y, M, K, N, threads);
+    else
+        few_rows_linear(x, w, b, y, M, K, N, threads);
+}
 
 typedef float v8 __attribute__((vector_size(32)));
 #ifdef __AVX512F__
@@ -175,23 +188,25 @@ static void attend(const float *const qs[], float *const outs[], const long rows
         for (long j = 0; j < d; j++) outs[r][j] /= total[r];
 }
 
-/* h [n, D]: the rows' hidden states, updated in place. cos, sin [n, d]. block [n, n] (1: row i sees row j of the
+/* h [n, D]: the rows' hidden states, updated in place. x_in [n, Din]: the attention's input as it is, or NULL for
+   the norm of h (Din = D). cos, sin [n, d]. block [n, n] (1: row i sees row j of the
    block) or NULL for a causal block; every row sees the `past` cache entries. k_cache, v_cache: this layer's
    [KV, cap, d]; the block's keys and values are written at past .. past + n - 1. Weights packed for
-   few_rows_linear; qkv_b, o_b: biases or NULL; qk_norm: [H + KV, d] (Qwen3) or NULL. scratch: at least
-   lean_layer_scratch(...) floats. */
-void lean_layer(float *h, const float *cos_, const float *sin_, const unsigned char *block,
-                const float *norm_in, const float *qkv_w, const float *qkv_b, const float *qk_norm,
-                const float *o_w, const float *o_b, const float *norm_post, const float *gu_w, const float *down_w,
+   few_rows_linear, in bf16 where bf16 is set; qkv_b, o_b: biases or NULL; qk_norm: [H + KV, d] (Qwen3) or NULL.
+   scratch: at least lean_layer_scratch(...) floats. */
+void lean_layer(float *h, const float *x_in, const float *cos_, const float *sin_, const unsigned char *block,
+                const float *norm_in, const void *qkv_w, const float *qkv_b, const float *qk_norm,
+                const void *o_w, const float *o_b, const float *norm_post, const void *gu_w, const void *down_w,
                 float *k_cache, float *v_cache, float *scratch,
-                long n, long D, long H, long KV, long d, long I, long past, long cap, float eps, int threads) {
+                long n, long D, long Din, long H, long KV, long d, long I, long past, long cap, float eps, int threads,
+                int bf16) {
     long qkv_n = (H + 2 * KV) * d, span = past + n, rep = H / KV;
     float *x = scratch, *qkv = x + n * D, *att = qkv + n * qkv_n, *gu = att + n * H * d, *act = gu + n * 2 * I,
           *tmp = act + n * I, *scores = tmp + n * D;
     float scale = 1.0f / sqrtf((float)d);
 
-    rms_rows(h, norm_in, 0, x, n, D, eps);
-    few_rows_linear(x, qkv_w, qkv_b, qkv, n, D, qkv_n, threads);
+    if (!x_in) rms_rows(h, norm_in, 0, x, n, D, eps);
+    linear(x_in ? x_in : x, qkv_w, qkv_b, qkv, n, Din, qkv_n, threads, bf16);
     for (long i = 0; i < n; i++) {
         float *row = qkv + i * qkv_n;
         if (qk_norm) rms_rows(row, qk_norm, d, row, H + KV, d, eps);
@@ -221,17 +236,17 @@ void lean_layer(float *h, const float *cos_, const float *sin_, const unsigned c
         attend(qs, outs, rows_of, m, k_cache + g * cap * d, v_cache + g * cap * d,
                scores + t * QUERY_CHUNK * (span + VW), span, past, n, block, d, scale);
     }
-    few_rows_linear(att, o_w, o_b, tmp, n, H * d, D, threads);
+    linear(att, o_w, o_b, tmp, n, H * d, D, threads, bf16);
     for (long j = 0; j < n * D; j++) h[j] += tmp[j];
 
     rms_rows(h, norm_post, 0, x, n, D, eps);
-    few_rows_linear(x, gu_w, 0, gu, n, D, 2 * I, threads);
+    linear(x, gu_w, 0, gu, n, D, 2 * I, threads, bf16);
     for (long i = 0; i < n; i++)
         for (long j = 0; j < I; j++) {
             float g = gu[i * 2 * I + j];
             act[i * I + j] = g / (1.0f + expf(-g)) * gu[i * 2 * I + I + j];
         }
-    few_rows_linear(act, down_w, 0, tmp, n, I, D, threads);
+    linear(act, down_w, 0, tmp, n, I, D, threads, bf16);
     for (long j = 0; j < n * D; j++) h[j] += tmp[j];
 }
 
@@ -243,4 +258,20 @@ long lean_layer_scratch(long n, long D, long H, long KV, long d, long I, long pa
 /* The last norm over the rows: the output layer's input. */
 void lean_final_norm(const float *h, const float *w, float *y, long n, long D, float eps) {
     rms_rows(h, w, 0, y, n, D, eps);
+}
+
+/* The draft head's layer input (dart_core/draft_head.py): for each of the S real positions, x = [embed_norm(embed),
+   feature_norm(g)] and the residual h = g, where g is its features through fc; for each of the K mask slots after
+   them x = mask (2H) and h = its first H. x [S + K, 2H], h [S + K, H]. */
+void draft_input(const float *embeds, const float *g, const float *mask, const float *embed_norm,
+                 const float *feature_norm, float *x, float *h, long S, long K, long H, float eps) {
+    for (long i = 0; i < S; i++) {
+        rms_rows(embeds + i * H, embed_norm, 0, x + i * 2 * H, 1, H, eps);
+        rms_rows(g + i * H, feature_norm, 0, x + i * 2 * H + H, 1, H, eps);
+        memcpy(h + i * H, g + i * H, H * sizeof(float));
+    }
+    for (long i = S; i < S + K; i++) {
+        memcpy(x + i * 2 * H, mask, 2 * H * sizeof(float));
+        memcpy(h + i * H, mask, H * sizeof(float));
+    }
 }

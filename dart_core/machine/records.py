@@ -112,22 +112,30 @@ class DtypeChoice:
         return cls(dtype, reason, seconds, str(d.get("why") or reason.removeprefix(f"{dtype}: ")))
 
 
+# How DART's head drafts: through our C layer with bf16 weights (dart_core/draft_native.py), an int8 copy of the head
+# (dart_core/draft_kernels.py), or torch on the head as it is; 'auto': the fastest of them measured here.
+NATIVE_KERNELS, INT8_KERNELS, FP32_KERNELS, AUTO_KERNELS = "native", "int8", "fp32", "auto"
+DRAFT_KERNELS = (NATIVE_KERNELS, INT8_KERNELS, FP32_KERNELS)
+DRAFT_KERNEL_MODES = (AUTO_KERNELS, *DRAFT_KERNELS)
+KERNEL_WORDS = {NATIVE_KERNELS: "in bf16 through our C layer", INT8_KERNELS: "in int8", FP32_KERNELS: "in fp32"}
+
+
 @dataclass
 class DraftKernelChoice:
-    """Whether DART drafts with an int8 copy of the head on this machine (dart_core.draft_kernels), and why."""
-    int8: bool
+    """How DART's head drafts on this machine (DRAFT_KERNELS), and why."""
+    kernels: str
     reason: str
-    seconds: dict[str, float] | None = None   # when measured: one drafting step in each, {"fp32", "int8"}
+    seconds: dict[str, float] | None = None   # when measured: one drafting step with each kernels measured
 
     @property
-    def kernels(self) -> str:
-        return "int8" if self.int8 else "fp32"
+    def int8(self) -> bool:
+        return self.kernels == INT8_KERNELS
 
     def text(self) -> str:
         return self.reason
 
     def to_dict(self) -> dict:
-        d = {"int8": self.int8, "reason": self.reason}
+        d = {"kernels": self.kernels, "reason": self.reason}
         if self.seconds is not None:
             d["seconds"] = dict(self.seconds)
         return d
@@ -135,9 +143,11 @@ class DraftKernelChoice:
     @classmethod
     def from_dict(cls, d: dict | str) -> "DraftKernelChoice":
         if isinstance(d, str):   # bench reports before this record wrote the kernels alone, "int8" or "fp32"
-            return cls(d == "int8", d)
+            return cls(d, d)
         seconds = {k: float(v) for k, v in d["seconds"].items()} if d.get("seconds") else None
-        return cls(bool(d["int8"]), str(d["reason"]), seconds)
+        if "kernels" not in d:   # records from before the C layer drafted: int8 or not
+            return cls(INT8_KERNELS if d["int8"] else FP32_KERNELS, str(d["reason"]), seconds)
+        return cls(str(d["kernels"]), str(d["reason"]), seconds)
 
 
 @dataclass

@@ -16,11 +16,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..draft_kernels import int8_copy, int8_supported, time_head
+from .. import draft_native
+from ..draft_kernels import head_step, int8_copy, int8_supported, native_step, time_drafting
 from ..errors import ConfigError
 from ..machine.hardware import Hardware
 from ..machine.kernels import KernelPlan, decoder_linears, measure_plan, onednn_applies, packed_linear, shape_key
-from ..machine.records import CURVE_CONTEXT, CostCurve, DraftKernelChoice, MachineRecord, dtype_spelling
+from ..machine.records import (AUTO_KERNELS, CURVE_CONTEXT, DRAFT_KERNEL_MODES, DRAFT_KERNELS, FP32_KERNELS,
+                               INT8_KERNELS, KERNEL_WORDS, NATIVE_KERNELS, CostCurve, DraftKernelChoice, MachineRecord,
+                               dtype_spelling)
 from ..target import TargetModel
 from ..tree import TokenTree
 from .defaults import cache_root
@@ -147,35 +150,44 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
                          target.forward_kind)
 
 
-INT8_MARGIN = 0.9      # an int8 draft head must take at most this share of the fp32 head's time
+INT8_MARGIN = 0.9      # an int8 head (whose rows differ a little) must take at most this share of the others' best
 
 
-def draft_int8_choice(head, target: TargetModel, mode: str = "auto", recalibrate: bool = False) -> DraftKernelChoice:
-    """Whether DART drafts with an int8 copy of `head` here (dart_core.draft_kernels): 'on', 'off', or 'auto' (where
-    it measures faster: one drafting step of each, cached per machine and head shapes), and why; when measured,
-    with the seconds of each."""
-    if mode not in ("auto", "on", "off"):
-        raise ConfigError(f"--draft-int8 takes auto, on or off, got {mode!r}")
-    if mode == "off":
-        return DraftKernelChoice(False, "off (--draft-int8 off)")
-    why = int8_supported(target.hardware, head)
-    if why is not None:
-        if mode == "on":
-            raise ConfigError(f"--draft-int8 on: {why}")
-        return DraftKernelChoice(False, why)
-    if mode == "on":
-        return DraftKernelChoice(True, "on (--draft-int8 on)")
-    c, hw = head.config, target.hardware
-    name = _file_name("draft", hw, [c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim,
-                                     c.out_vocab, c.n_mask, head.lm_head is None])
+def draft_kernel_choice(head, target: TargetModel, mode: str = AUTO_KERNELS,
+                        recalibrate: bool = False) -> DraftKernelChoice:
+    """How DART's head drafts here (DRAFT_KERNELS): as `mode` asks, or for 'auto' the fastest of those that can run
+    (one drafting step of each, cached per machine and head shapes), and why; when measured, with the seconds of
+    each."""
+    if mode not in DRAFT_KERNEL_MODES:
+        raise ConfigError(f"--draft-kernels takes {', '.join(DRAFT_KERNEL_MODES)}, got {mode!r}")
+    hw = target.hardware
+    why_not = {NATIVE_KERNELS: draft_native.unsupported(head, hw), INT8_KERNELS: int8_supported(hw, head),
+               FP32_KERNELS: None}
+    if mode != AUTO_KERNELS:
+        if why_not[mode] is not None:
+            raise ConfigError(f"--draft-kernels {mode}: {why_not[mode]}")
+        return DraftKernelChoice(mode, f"{mode} (--draft-kernels {mode})")
+    runs = [kernels for kernels in DRAFT_KERNELS if why_not[kernels] is None]
+    if runs == [FP32_KERNELS]:
+        return DraftKernelChoice(FP32_KERNELS, f"fp32: {why_not[NATIVE_KERNELS]}; int8: {why_not[INT8_KERNELS]}")
+    c = head.config
+    name = _file_name("draft-kernels", hw, [c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads,
+                                             c.head_dim, c.out_vocab, c.n_mask, head.lm_head is None, *runs])
 
     def measure():
-        output = packed_linear(head.lm_head, hw) if onednn_applies(head.lm_head, hw) else None
-        return {"fp32": time_head(head, output), "int8": time_head(int8_copy(head))}
+        out_weight = None if head.lm_head is not None else torch.randn(c.out_vocab, c.hidden_size)
+        steps = {FP32_KERNELS: lambda: head_step(head, out_weight, packed_linear(head.lm_head, hw)
+                                                 if onednn_applies(head.lm_head, hw) else None),
+                 INT8_KERNELS: lambda: head_step(int8_copy(head), out_weight),
+                 NATIVE_KERNELS: lambda: native_step(draft_native.packed(head, hw, out_weight))}
+        return {kernels: time_drafting(*steps[kernels](), c) for kernels in runs}
 
     def read(seconds):
-        faster = seconds["int8"] <= INT8_MARGIN * seconds["fp32"]
-        said = f"a drafting step {seconds['int8'] * 1e3:.1f} ms in int8, {seconds['fp32'] * 1e3:.1f} ms in fp32"
-        return DraftKernelChoice(faster, ("int8: faster here, " if faster else "fp32: int8 is not faster here, ")
-                                 + said, seconds)
+        best = min(seconds, key=seconds.get)
+        if best == INT8_KERNELS:
+            others = min(t for kernels, t in seconds.items() if kernels != INT8_KERNELS)
+            if seconds[best] > INT8_MARGIN * others:
+                best = min((k for k in seconds if k != INT8_KERNELS), key=seconds.get)
+        said = ", ".join(f"{seconds[k] * 1e3:.1f} ms {KERNEL_WORDS[k]}" for k in DRAFT_KERNELS if k in seconds)
+        return DraftKernelChoice(best, f"{best}: the fastest here, a drafting step {said}", seconds)
     return cached(name, recalibrate, measure, read, lambda seconds: seconds, "the draft head's kernels")

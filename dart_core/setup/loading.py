@@ -29,7 +29,7 @@ from ..proposers import DartProposer, HeadDrafter, PromptLookupProposer, Propose
 from ..target import TargetModel
 from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
-from .calibration import cost_curve, draft_int8_choice, kernel_plan, machine_record
+from .calibration import cost_curve, draft_kernel_choice, kernel_plan, machine_record
 from .dtype_choice import AUTO, FAST, DtypeChoice, choose_cpu_dtype, choose_gpu_dtype, lossless_choice
 from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_LONGEST, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
 from .hub import fetch, is_hub_id
@@ -203,7 +203,7 @@ class Loaded:
     ngram: str | None = None
     device: str = "cpu"
     dtype: str = "fp32"
-    draft_int8: str = "auto"          # 'auto', 'on' or 'off': whether DART drafts with an int8 copy of the head
+    draft_kernels: str = "auto"       # how DART's head drafts: 'auto', 'native', 'int8' or 'fp32' (calibration)
     fell_back: bool = False           # no trained head was shipped: a random one stands in (load's random_fallback)
 
     @property
@@ -213,7 +213,7 @@ class Loaded:
     @cached_property
     def draft_choice(self) -> DraftKernelChoice | None:
         """Whether the head drafts in int8 here, and why (None without a head)."""
-        return draft_int8_choice(self.head, self.target, self.draft_int8) if self.head is not None else None
+        return draft_kernel_choice(self.head, self.target, self.draft_kernels) if self.head is not None else None
 
     def proposer(self, method: str, settings: DraftSettings | None = None, recalibrate: bool = False) -> Proposer:
         """The proposer of `method` with these settings; recalibrate measures the cost curve of the automatic
@@ -238,7 +238,7 @@ class Loaded:
                 budget.choose_lookup(range(LOOKUP_LONGEST + 1), start=LOOKUP_TOKENS)
             lookup = PromptLookupProposer(max_ngram=settings.pld_ngram,
                                           num_tokens=looked_up_tokens(method, settings.lookup_tokens, auto))
-        drafter = HeadDrafter(self.head, self.target, int8=self.draft_choice.int8)
+        drafter = HeadDrafter(self.head, self.target, self.draft_choice.kernels)
         return DartProposer(drafter, settings.search, table, eos_ids=self.stop_ids, lookup=lookup, auto_budget=budget)
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt_text: str, sampling: SamplingConfig,
@@ -260,7 +260,7 @@ class Loaded:
 
 def load(model: str = DEFAULT_MODEL, draft: str | None = "default", ngram: str | None = "default",
          device: str = "cpu", dtype: str = AUTO, with_head: bool = True, recalibrate: bool = False,
-         draft_int8: str = "auto", random_fallback: bool = False, target: TargetModel | None = None) -> Loaded:
+         draft_kernels: str = "auto", random_fallback: bool = False, target: TargetModel | None = None) -> Loaded:
     """Load the target and, with_head, the draft head and the n-gram table, all by name. random_fallback: when the
     default head is not shipped, a random (untrained) head stands in (`fell_back`) rather than an error (the app
     shows its pages anyway). target: one already loaded in `dtype` (only the head and the table are loaded)."""
@@ -278,5 +278,5 @@ def load(model: str = DEFAULT_MODEL, draft: str | None = "default", ngram: str |
     table = load_ngram(ngram, target.vocab_size)
     check_ngram_fits(table, target)
     if recalibrate and head is not None:   # measured again now; Loaded.draft_choice reads it back
-        draft_int8_choice(head, target, draft_int8, recalibrate=True)
-    return Loaded(target, head, table, model, draft, ngram, device, dtype, draft_int8, fell_back)
+        draft_kernel_choice(head, target, draft_kernels, recalibrate=True)
+    return Loaded(target, head, table, model, draft, ngram, device, dtype, draft_kernels, fell_back)

@@ -6,14 +6,16 @@ from __future__ import annotations
 import argparse
 
 from ..errors import DartError
+from ..machine.records import AUTO_KERNELS, DRAFT_KERNEL_MODES
 from ..methods import METHODS
 from ..setup.defaults import default_search_config
 from ..setup.hub import HUB_ENV, PRESETS, allow_hub, expand_preset
 from ..tree_search import SearchConfig, search_knobs
 
 DTYPE_CHOICES = ["auto", "fast", "fp32", "bf16", "fp16", "float32", "bfloat16", "float16"]
-DRAFT_INT8_HELP = ("DART drafts with an int8 copy of its head: 'auto' (the default) where that measures faster on this "
-                   "CPU; the emitted tokens never depend on it (the target verifies every draft)")
+DRAFT_KERNELS_HELP = ("how DART's head drafts: 'native' (our C layer, bf16 weights), 'int8' (an int8 copy of the head), "
+                      "'fp32' (torch, the head as it is), or 'auto' (the default): the fastest of those measured on "
+                      "this CPU; the emitted tokens never depend on it (the target verifies every draft)")
 DTYPE_HELP = ("'auto' (the default): fp32, the dtype in which DART is token-identical to plain decoding; 'fast': the "
               "dtype measured fastest here (bf16 only where it beats fp32; not token-identical); or fp32, bf16, fp16 "
               "(the choice and why are in --json)")
@@ -48,7 +50,7 @@ def add_model_args(p: argparse.ArgumentParser, dtype_default: str = "auto", dtyp
     p.add_argument("--hub", action="store_true", help=HUB_HELP)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=dtype_default, choices=DTYPE_CHOICES, help=dtype_help)
-    p.add_argument("--draft-int8", default="auto", choices=["auto", "on", "off"], help=DRAFT_INT8_HELP)
+    p.add_argument("--draft-kernels", default=AUTO_KERNELS, choices=DRAFT_KERNEL_MODES, help=DRAFT_KERNELS_HELP)
     p.add_argument("--recalibrate", action="store_true",
                    help="measure this machine's kernels and verify cost curve again (they are cached per machine)")
 

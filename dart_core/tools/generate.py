@@ -50,7 +50,7 @@ def cmd_generate(args) -> int:
         check_writable(args.trace)   # before minutes of decoding, not after
     auto = auto_budget_from(args)
     loaded = load(args.model, args.draft, args.ngram, args.device, args.dtype, with_head=uses_head(args.method),
-                  recalibrate=args.recalibrate, draft_int8=args.draft_int8)
+                  recalibrate=args.recalibrate, draft_kernels=args.draft_kernels)
     target = loaded.target
     gen_cfg.stop_ids = loaded.stop_ids
     settings = DraftSettings(search_cfg, auto, lookup_tokens=args.lookup_tokens,

@@ -59,7 +59,7 @@ def decode_dtype(plan: BenchPlan, dtype: str, progress: Progress, runs_file: Run
     bar.set_description(f"bench {dtype}: loading")
     target = plan.loaded_targets.pop(dtype, None) or load_target(plan.model, plan.device, dtype, plan.recalibrate)
     heads = any(uses_head(m) for m in plan.methods)
-    loaded = load(plan.model, plan.draft, plan.ngram, plan.device, dtype, heads, plan.recalibrate, plan.draft_int8,
+    loaded = load(plan.model, plan.draft, plan.ngram, plan.device, dtype, heads, plan.recalibrate, plan.draft_kernels,
                   target=target)
     stops = loaded.stop_ids
     settings = plan.draft_settings()   # each DART method gets its own automatic budget: it learns its own acceptance

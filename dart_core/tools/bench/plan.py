@@ -34,7 +34,7 @@ class BenchPlan:
     search: SearchConfig
     auto_budget: bool                    # DART's node budget chosen as the run goes (search.node_budget: the start)
     recalibrate: bool                    # measure the machine's kernels and cost curve again
-    draft_int8: str                      # auto / on / off: DART drafts with an int8 copy of its head
+    draft_kernels: str                   # auto / native / int8 / fp32: how DART's head drafts
     thinking: bool                       # the chat template's reasoning block (Qwen3) is on
     max_new_tokens: int
     top_p: float
@@ -85,7 +85,7 @@ def plan_from_args(args) -> BenchPlan:
     return BenchPlan(
         methods=methods, dtypes=dtypes, temperatures=temps, prompts=prompts, workload_info=workload_info,
         out_path=out_path, model=args.model, draft=args.draft, ngram=ngram, device=args.device, search=search,
-        auto_budget=auto_budget_from(args), recalibrate=args.recalibrate, draft_int8=args.draft_int8,
+        auto_budget=auto_budget_from(args), recalibrate=args.recalibrate, draft_kernels=args.draft_kernels,
         thinking=args.thinking, max_new_tokens=args.max_new_tokens, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         pld_tokens=args.pld_tokens, pld_ngram=args.pld_ngram, lookup_tokens=getattr(args, "lookup_tokens", None),
         ngram_context_weight=args.ngram_context_weight, warmup=args.warmup, limit=args.limit,

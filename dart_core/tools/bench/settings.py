@@ -24,7 +24,7 @@ def resume_settings(plan: BenchPlan) -> dict:
             **({"auto_budget": True} if plan.auto_budget else {}),   # absent: the fixed budget of older runs files
             # absent: dart_pld's branch had its default length even with the automatic budget (older runs files)
             **({"lookup_chosen": True} if plan.auto_budget and plan.lookup_tokens is None else {}),
-            **({"draft_int8": plan.draft_int8} if plan.draft_int8 != "off" else {}),   # absent: fp32 drafts
+            "draft_kernels": plan.draft_kernels,
             **({"thinking": True} if plan.thinking else {}),         # absent: off, as in older runs files
             "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
             # a head or table rebuilt in place keeps its name: compare the bytes

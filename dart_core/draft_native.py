@@ -1,0 +1,142 @@
+"""The DART draft head's drafting step on a CPU through our C layer (machine/lean_layer.c), with bf16 weights.
+
+As torch operations a drafting step is nine small products and some sixty other operations, each dispatched on its
+own and run cold after the target's forward streamed its weights through the caches: on a 2-core CPU that took about
+as long as the products (docs/cpu-speed.md, section 8). Here the head's one decoder layer is one call, its input rows
+are assembled by another, and every product reads the weights in bf16, half of fp32's bytes.
+
+The head's own safetensors hold bf16 weights, so a head loaded from its file loses nothing; a head whose weights are
+finer (fresh from training) drafts from their bf16 rounding. Either way the draft only proposes: the target verifies
+every token, so the emitted tokens never depend on it.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .draft_head import DraftHead
+from .machine import few_rows
+from .machine.few_rows import FewRowsKernel
+from .machine.hardware import Hardware
+
+MIN_CACHE = 256          # positions a draft cache starts with (it doubles when a run goes past it)
+
+
+def unsupported(head: DraftHead, hardware: Hardware) -> str | None:
+    """Why the C layer cannot draft with `head` on `hardware`, or None when it can."""
+    if not hardware.is_cpu or head.mask_embed.device.type != "cpu":
+        return "the C layer drafts on a CPU"
+    if not hardware.few_rows or "few_rows" in hardware.stand_ins:
+        return "our kernels are not built here"
+    c = head.config
+    if c.head_dim % 16 or c.head_dim > 512:
+        return f"head size {c.head_dim} (the C layer takes multiples of 16 up to 512)"
+    return None
+
+
+class NativeDraftCache:
+    """The keys and values of the head's real positions, [2, KV, capacity, head_dim], written in place."""
+
+    def __init__(self, kv_heads: int, head_dim: int):
+        self.kv = torch.zeros(2, kv_heads, MIN_CACHE, head_dim)
+        self.length = 0
+
+    def reserve(self, size: int) -> None:
+        capacity = self.kv.shape[2]
+        if size > capacity:
+            grown = torch.zeros(2, self.kv.shape[1], max(size, 2 * capacity), self.kv.shape[3])
+            grown[:, :, : self.length] = self.kv[:, :, : self.length]
+            self.kv = grown
+
+
+class NativeDraftHead:
+    """`head` packed for the C layer: `step` is DraftHead.forward for inference, on a NativeDraftCache."""
+
+    def __init__(self, head: DraftHead, kernel: FewRowsKernel, out_weight: torch.Tensor | None = None):
+        """out_weight: the output layer of a head tied to the target's (as DraftHead.forward takes it)."""
+        c = head.config
+        self.config, self.kernel = c, kernel
+        bf16 = torch.bfloat16
+
+        def packed(*weights):
+            return kernel.pack(torch.cat([w.detach().float() for w in weights]), bf16)
+
+        def flat(t):
+            return t.detach().float().contiguous()
+
+        self.fc = packed(head.fc.weight)
+        self.layer = [packed(head.q_proj.weight, head.k_proj.weight, head.v_proj.weight), packed(head.o_proj.weight),
+                      packed(head.gate_proj.weight, head.up_proj.weight), packed(head.down_proj.weight)]
+        output = head.lm_head.weight if head.lm_head is not None else out_weight
+        if output is None:
+            raise ValueError("this head ties its output to the target: pass the target's output weight")
+        self.output = packed(output)
+        self.norms = [flat(n.weight) for n in (head.embed_norm, head.feature_norm, head.post_attn_norm)]
+        self.final_norm = flat(head.final_norm.weight)
+        self.mask = flat(head.mask_embed)
+        self.standardize = (flat(head.feature_mean), flat(head.feature_std)) if c.standardize_features else None
+        self.cos = self.sin = torch.empty(0, c.head_dim)
+
+    def new_cache(self) -> NativeDraftCache:
+        return NativeDraftCache(self.config.num_kv_heads, self.config.head_dim)
+
+    def _rotation(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [end - start, head_dim] of positions start..end-1, as draft_head.rope computes them."""
+        if end > self.cos.shape[0]:
+            c = self.config
+            size = max(end, 2 * self.cos.shape[0], MIN_CACHE)
+            inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+            angles = torch.arange(size, dtype=torch.float32)[:, None] * inv_freq[None]
+            emb = torch.cat([angles, angles], dim=-1)
+            self.cos, self.sin = emb.cos().contiguous(), emb.sin().contiguous()
+        return self.cos[start:end], self.sin[start:end]
+
+    @torch.inference_mode()
+    def step(self, features: torch.Tensor, embeds: torch.Tensor, cache: NativeDraftCache) -> torch.Tensor:
+        """features [S, 3H] of the S newly committed tokens, embeds [S, H] of the tokens after them; appends the S
+        positions to `cache` and returns the logits [K+1, Vd] (rows: the last real position, then the K slots)."""
+        c, lib = self.config, self.kernel.lib
+        S, K, H, P = features.shape[0], c.n_mask, c.hidden_size, cache.length
+        n = S + K
+        features = features.float()
+        if self.standardize is not None:
+            features = (features - self.standardize[0]) / self.standardize[1]
+        g = self.kernel.linear(features, self.fc, None)
+        embeds = embeds.float().contiguous()
+        x, h = torch.empty(n, 2 * H), torch.empty(n, H)
+        lib.draft_input(embeds.data_ptr(), g.data_ptr(), self.mask.data_ptr(), self.norms[0].data_ptr(),
+                        self.norms[1].data_ptr(), x.data_ptr(), h.data_ptr(), S, K, H, c.rms_eps)
+        cache.reserve(P + n)   # the slots' keys and values go after the real ones, to be overwritten next step
+        cos, sin = self._rotation(P, P + n)
+        threads = torch.get_num_threads()
+        heads, kv_heads, d, inter = c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
+        scratch = torch.empty(lib.lean_layer_scratch(n, H, heads, kv_heads, d, inter, P, threads))
+        qkv, o, gate_up, down = (w.blocks.data_ptr() for w in self.layer)
+        cap, keys = cache.kv.shape[2], cache.kv.data_ptr()
+        lib.lean_layer(h.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), None, None, qkv, None, None, o,
+                       None, self.norms[2].data_ptr(), gate_up, down, keys, keys + kv_heads * cap * d * 4,
+                       scratch.data_ptr(), n, H, 2 * H, heads, kv_heads, d, inter, P, cap, c.rms_eps, threads, 1)
+        cache.length = P + S
+        rows = h[S - 1:]
+        for _ in range(2 if c.double_norm else 1):
+            normed = torch.empty_like(rows)
+            lib.lean_final_norm(rows.data_ptr(), self.final_norm.data_ptr(), normed.data_ptr(), K + 1, H, c.rms_eps)
+            rows = normed
+        return self.kernel.linear(rows, self.output, None)
+
+
+def packed(head: DraftHead, hardware: Hardware, out_weight: torch.Tensor | None = None) -> NativeDraftHead:
+    """`head` packed for the C layer built for `hardware` (where `unsupported` says it can run); made once per head
+    and kept while its weights are unchanged (the app builds a drafter for every run)."""
+    key = (tuple(p._version for p in head.parameters()), hardware.kind, out_weight)
+    known = _PACKED.get(head)
+    if known is not None and known[0][:2] == key[:2] and known[0][2] is out_weight:
+        return known[1]
+    out = NativeDraftHead(head, few_rows.kernel(hardware.kind), out_weight)
+    _PACKED[head] = (key, out)
+    return out
+
+
+_PACKED: "weakref.WeakKeyDictionary[DraftHead, tuple]" = weakref.WeakKeyDictionary()

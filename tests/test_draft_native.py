@@ -1,0 +1,115 @@
+"""The draft head's C layer (dart_core.draft_native): its drafting step computes what the head computes in torch on
+the same (bf16) weights, over a run of steps, for every kind of head; decoding with it stays token-identical to plain
+decoding; and where it cannot run, the reason is said."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dart_core import draft_native
+from dart_core.decoding import GenerationConfig, run
+from dart_core.draft_head import DraftCache
+from dart_core.errors import ConfigError
+from dart_core.machine import few_rows
+from dart_core.machine.hardware import Hardware
+from dart_core.proposers import DartProposer, HeadDrafter
+from dart_core.setup.tiny_models import plain_greedy_reference, random_head, tiny_target
+from dart_core.target import TargetModel
+from dart_core.tree_search import SearchConfig
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("llama", seed=3)
+
+
+def runs_here(target, head) -> bool:
+    why = draft_native.unsupported(head, target.hardware)
+    if why is not None:   # no C compiler here: the reason is said, and the head drafts through torch
+        assert few_rows.why_not(target.hardware.kind) and "not built" in why
+    return why is None
+
+
+def rounded(head):
+    """`head` with its linears' weights rounded to bf16, as the C layer reads them (the rest it reads in fp32)."""
+    out = copy.deepcopy(head)
+    with torch.no_grad():
+        for module in out.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(module.weight.bfloat16().float())
+    return out
+
+
+@pytest.mark.parametrize("overrides", [dict(tie_output=False), dict(tie_output=True),
+                                       dict(tie_output=False, standardize_features=True, double_norm=True,
+                                            draft_vocab_size=50)])
+def test_its_steps_compute_what_the_head_computes(target, overrides):
+    head = random_head(target, n_mask=3, seed=5, **overrides)
+    if not runs_here(target, head):
+        return
+    if head.config.standardize_features:
+        with torch.no_grad():
+            head.feature_mean.normal_(0, 0.5)
+            head.feature_std.uniform_(0.5, 2.0)
+    reference = rounded(head)
+    out_weight = None if head.lm_head is not None else target.lm_head.weight
+    if out_weight is not None and head.d2t is not None:
+        out_weight = out_weight[head.d2t]
+    native = draft_native.packed(head, target.hardware, out_weight)
+    gen = torch.Generator().manual_seed(1)
+    H = target.hidden_size
+    features, embeds = torch.randn(60, 3 * H, generator=gen), torch.randn(60, H, generator=gen)
+    ours, theirs = native.new_cache(), DraftCache()
+    # a prompt, then steps of 1-3 committed tokens, past the cache's first capacity (draft_native.MIN_CACHE)
+    bounds = [0, 20, 21, 23, 26, 27, 60]
+    with torch.inference_mode():
+        for a, b in zip(bounds, bounds[1:]):
+            tied = None if out_weight is None else out_weight.bfloat16().float()   # read in bf16 too
+            expected = reference(features[a:b], embeds[a:b], theirs, tied)
+            got = native.step(features[a:b], embeds[a:b], ours)
+            assert got.shape == expected.shape == (4, head.config.out_vocab)
+            assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), (a, b)
+            assert ours.length == theirs.length == b
+
+
+def test_the_cache_grows_and_keeps_what_it_holds(target):
+    head = random_head(target, n_mask=2, seed=6, tie_output=False)
+    if not runs_here(target, head):
+        return
+    native = draft_native.packed(head, target.hardware)
+    assert draft_native.packed(head, target.hardware) is native        # packed once per head
+    gen = torch.Generator().manual_seed(2)
+    H, n = target.hidden_size, draft_native.MIN_CACHE + 40
+    features, embeds = torch.randn(n, 3 * H, generator=gen), torch.randn(n, H, generator=gen)
+    whole, stepped = native.new_cache(), native.new_cache()
+    at_once = native.step(features, embeds, whole)
+    native.step(features[:-1], embeds[:-1], stepped)
+    assert torch.allclose(native.step(features[-1:], embeds[-1:], stepped), at_once, atol=1e-4, rtol=1e-4)
+    assert stepped.kv.shape[2] >= n and stepped.length == whole.length == n
+    with torch.no_grad():
+        head.lm_head.weight.mul_(2.0)                                      # the head changed: packed again
+    assert draft_native.packed(head, target.hardware) is not native
+
+
+def test_greedy_output_with_the_c_layer_is_plain_decodings(target, one_thread):
+    head = random_head(target, n_mask=3, seed=2, tie_output=False)
+    if not runs_here(target, head):
+        return
+    for prompt in ([1, 5, 9, 13, 17], [1, 40, 41, 42, 40, 41, 42, 40]):
+        dart = DartProposer(HeadDrafter(head, target, "native"), SearchConfig(node_budget=8))
+        trace = run(target, dart, prompt, GenerationConfig(max_new_tokens=24))
+        assert trace.output_ids == plain_greedy_reference(target, prompt, 24)
+
+
+def test_where_it_cannot_run_it_says_why(target):
+    head = random_head(target)
+    assert "not built" in draft_native.unsupported(head, target.hardware.without("few_rows"))
+    stand_in = target.hardware.without("few_rows").with_stand_ins("few_rows")
+    assert "not built" in draft_native.unsupported(head, stand_in)   # a stand-in serves linears, not this layer
+    assert "on a CPU" in draft_native.unsupported(head, Hardware(device="cuda:0", few_rows=True))
+    elsewhere = TargetModel(target.model, hardware=target.hardware.without("few_rows"))
+    with pytest.raises(ConfigError, match="the C layer cannot draft here: our kernels are not built here"):
+        HeadDrafter(head, elsewhere, "native")
