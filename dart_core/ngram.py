@@ -2,7 +2,7 @@
 
 Each k-gram (k = 1..order) is packed into one uint64, first token in the high bits, so the keys of each order sort
 by prefix. A query is a binary search, vectorized over a batch of (context, candidate token) pairs: in our C kernel
-where it is built (machine/ngram_counts.c: the candidates of one context searched inside that context's run of keys),
+where it is built (machine/tree_search.c: the candidates of one context searched inside that context's run of keys),
 else numpy's `searchsorted`; both give the same counts.
 
 Backoff, as in the DART reference: for the longest context suffix first, a candidate seen after that suffix gets
@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from .errors import DartError
+from .machine.hardware import kernels_here
 
 UNSEEN = 0  # matched context length reported for a token never seen after any suffix of its context
 
@@ -44,7 +45,7 @@ class NGramModel:
             raise NGramError("need one key array and one count array per order")
         self.keys = [np.asarray(k, dtype=np.uint64) for k in keys]      # keys[k-1]: sorted packed k-grams
         self.counts = [np.asarray(c, dtype=np.int64) for c in counts]   # counts[k-1][i]: count of keys[k-1][i]
-        self.kernel = native_kernel()   # our C lookups where they are built (None: numpy's)
+        self.kernel = kernels_here()   # our C lookups where they are built (None: numpy's)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -149,13 +150,6 @@ class NGramModel:
             if keys[k].shape != counts[k].shape:
                 raise NGramError(f"{path}: keys{k + 1} and counts{k + 1} differ in length")
         return cls(order, vocab, keys, counts)
-
-
-def native_kernel():
-    """Our C kernels built for this CPU (their n-gram lookup has no vector code: any build serves), or None."""
-    from .machine.hardware import detect   # (the machine package imports torch; tables load without it otherwise)
-    from .machine import few_rows
-    return few_rows.kernel(detect().kind)
 
 
 def backoff(contexts, tokens, order: int, counts_fn) -> tuple[np.ndarray, np.ndarray]:

@@ -7,15 +7,21 @@ The beam keeps the best `beam_width` non-EOS sequences; every expansion goes int
 first, so the kept set is always prefix-closed (the reference's unstable sort could drop a parent on a tie).
 
 Every candidate considered is recorded with its score parts and its fate, for the trace and the visualizer.
+
+The search runs in C where our kernels are built (machine/tree_search.c: a step's search in well under a millisecond,
+where numpy's hundred small operations took two), else in numpy; both record the same columns to the last bit.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+import ctypes
+
 import numpy as np
 
 from .errors import ConfigError
+from .machine.hardware import kernels_here
 from .ngram import NGramModel
 from .tree import TokenTree
 
@@ -164,21 +170,105 @@ class SearchResult:
 
 
 def search(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], cfg: SearchConfig,
-           ngram: NGramModel | None = None, eos_ids: frozenset[int] | set[int] = frozenset(),
+           ngram=None, eos_ids: frozenset[int] | set[int] = frozenset(),
            node_budget: int | None = None) -> SearchResult:
     """Build the draft tree.
 
     rows_tokens: [R, k] candidate tokens per logit row (row l gives depth l+1), best first.
     rows_probs:  [R, k] their draft probabilities.
     context:     committed tokens ending with the root (at least the last order-1 are used by the n-gram).
+    ngram:       an NGramModel, a ContextNGram (any model with `order` and `lookup`), or None.
     node_budget: overrides cfg.node_budget (e.g. when the context window leaves less room).
     """
+    kernel = kernels_here()
+    if kernel is not None and (ngram is None or type(ngram) is NGramModel):
+        return _search_in_c(kernel, rows_tokens, rows_probs, context, cfg, ngram, eos_ids, node_budget)
+    return search_in_numpy(rows_tokens, rows_probs, context, cfg, ngram, eos_ids, node_budget)
+
+
+def _tail(context: list[int], ngram) -> list[int]:
+    """The context's last order-1 tokens the n-gram reads, -1 padding a context shorter than that."""
+    n_ctx = ngram.order - 1 if ngram is not None else 0
+    tail = list(context[-n_ctx:]) if n_ctx else []
+    return [-1] * (n_ctx - len(tail)) + tail
+
+
+def _search_in_c(kernel, rows_tokens, rows_probs, context, cfg, ngram, eos_ids, node_budget) -> SearchResult:
     budget = cfg.node_budget if node_budget is None else min(node_budget, cfg.node_budget)
     R, k = rows_tokens.shape
     k = min(k, cfg.topk)
-    n_ctx = ngram.order - 1 if ngram is not None else 0
-    tail = list(context[-n_ctx:]) if n_ctx else []
-    tail = [-1] * (n_ctx - len(tail)) + tail  # [-1 pads a context shorter than the n-gram needs]
+    if budget <= 0 or R == 0:
+        return _empty(context)
+    tokens = np.ascontiguousarray(rows_tokens, dtype=np.int64)
+    probs = np.ascontiguousarray(rows_probs, dtype=np.float64)
+    tail = np.asarray(_tail(context, ngram), dtype=np.int64)
+    weights = [np.asarray([f(level) for level in range(R)], dtype=np.float64)
+               for f in (cfg.level_weight, cfg.logit_weight)]
+    eos = np.asarray(sorted(eos_ids), dtype=np.int64)
+    size = k * (1 + (R - 1) * cfg.beam_width)
+    table = {name: np.empty(size, dtype) for name, dtype in _C_COLUMNS.items()}
+    kept, n_kept = np.empty(max(budget, 1), dtype=np.int64), ctypes.c_long()
+    n = kernel.lib.dart_search(
+        tokens.ctypes.data, probs.ctypes.data, R, tokens.shape[1], k, tail.ctypes.data, tail.size,
+        weights[0].ctypes.data, weights[1].ctypes.data, cfg.ngram_weight, cfg.eps, int(cfg.ngram_first_level),
+        cfg.beam_width, budget, eos.ctypes.data, eos.size, _c_table(ngram),
+        *(table[name].ctypes.data for name in _C_COLUMNS), kept.ctypes.data, ctypes.byref(n_kept))
+    table = {name: col[:n] for name, col in table.items()}
+    kept = kept[: n_kept.value]
+    cand = _make_candidates(table, kept, budget)
+    return SearchResult(_tree_from_kept(int(context[-1]), table["token"], table["parent"], kept), cand, kept)
+
+
+# tree_search.c's columns, in its order, as it writes them
+_C_COLUMNS = {"token": np.int64, "level": np.int32, "parent": np.int32, "draft_prob": np.float64,
+              "logit_term": np.float64, "ngram_prob": np.float64, "ngram_match": np.int8, "ngram_term": np.float64,
+              "level_weight": np.float64, "score": np.float64, "beam": np.int8}
+
+
+class _CTable(ctypes.Structure):
+    _fields_ = [("order", ctypes.c_int), ("bits", ctypes.c_int), ("keys", ctypes.POINTER(ctypes.c_void_p)),
+                ("counts", ctypes.POINTER(ctypes.c_void_p)), ("sizes", ctypes.POINTER(ctypes.c_long)),
+                ("starts", ctypes.POINTER(ctypes.c_void_p))]
+
+
+def _c_table(ngram: NGramModel | None):
+    """`ngram`'s tables as tree_search.c reads them (made once per model; None: no n-gram)."""
+    if ngram is None:
+        return None
+    made = ngram.__dict__.get("_c_table")
+    if made is None:
+        order = ngram.order
+        keys = (ctypes.c_void_p * order)(*(k.ctypes.data for k in ngram.keys))
+        counts = (ctypes.c_void_p * order)(*(c.ctypes.data for c in ngram.counts))
+        sizes = (ctypes.c_long * order)(*(k.size for k in ngram.keys))
+        firsts = [_first_token_starts(k, ngram.vocab_size, ngram.bits * i) for i, k in enumerate(ngram.keys)]
+        starts = (ctypes.c_void_p * order)(*(f.ctypes.data for f in firsts))
+        made = (_CTable(order, ngram.bits, keys, counts, sizes, starts), keys, counts, sizes, starts, firsts)
+        ngram.__dict__["_c_table"] = made
+    return ctypes.byref(made[0])
+
+
+def _first_token_starts(keys: np.ndarray, vocab_size: int, shift: int) -> np.ndarray:
+    """[vocab + 1]: where the keys whose first token is each token start (the last: the end)."""
+    firsts = np.arange(vocab_size, dtype=np.uint64) << np.uint64(shift)
+    return np.append(np.searchsorted(keys, firsts), keys.size).astype(np.int64)
+
+
+def _empty(context: list[int]) -> SearchResult:
+    cols = {name: np.zeros(0, dtype=np.int8 if name == "beam" else np.float64) for name in _C_COLUMNS}
+    cand = _make_candidates(cols, np.zeros(0, dtype=np.int64), 0)
+    return SearchResult(TokenTree([int(context[-1])], [-1]), cand, np.zeros(0, dtype=np.int64))
+
+
+def search_in_numpy(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], cfg: SearchConfig,
+                    ngram=None, eos_ids: frozenset[int] | set[int] = frozenset(),
+                    node_budget: int | None = None) -> SearchResult:
+    """`search` in numpy: where our kernels are not built, and for a ContextNGram."""
+    budget = cfg.node_budget if node_budget is None else min(node_budget, cfg.node_budget)
+    R, k = rows_tokens.shape
+    k = min(k, cfg.topk)
+    tail = _tail(context, ngram)
+    n_ctx = len(tail)
     eos = np.asarray(sorted(eos_ids), dtype=np.int64)
 
     cols: dict[str, list[np.ndarray]] = {name: [] for name in (
@@ -242,9 +332,7 @@ def search(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], 
             break
 
     if offset == 0:
-        empty = {name: np.zeros(0, dtype=np.int8 if name == "beam" else np.float64) for name in cols}
-        cand = _make_candidates(empty, np.zeros(0, dtype=np.int64), 0)
-        return SearchResult(TokenTree([int(context[-1])], [-1]), cand, np.zeros(0, dtype=np.int64))
+        return _empty(context)
 
     table = {name: np.concatenate(parts) for name, parts in cols.items()}
     # Top `budget` by score, shallower first on ties: a parent (score >= child's) always precedes its children.
@@ -258,8 +346,15 @@ def search(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], 
 
 def log_term(prob, weight: float, eps: float):
     """A score term: weight · ln(p + eps), never above 0 (the logit term of a draft probability, the n-gram term of
-    an n-gram one)."""
-    return np.minimum(weight * np.log(prob + eps), 0.0)
+    an n-gram one). Where our kernels are built, by the C library's log, as the C search computes it (numpy's own
+    log can differ from it in the last bit)."""
+    kernel = kernels_here()
+    if kernel is None:
+        return np.minimum(weight * np.log(prob + eps), 0.0)
+    p = np.ascontiguousarray(prob, dtype=np.float64)
+    out = np.empty_like(p)
+    kernel.lib.log_terms(p.ctypes.data, p.size, float(weight), float(eps), out.ctypes.data)
+    return out
 
 
 def child_score(parent_score, level_weight, logit_term, ngram_term):

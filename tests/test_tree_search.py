@@ -4,9 +4,12 @@ import random
 import numpy as np
 import pytest
 
+from dart_core.context_ngram import ContextNGram
+from dart_core.machine import few_rows
+from dart_core.machine.hardware import detect, kernels_here
 from dart_core.ngram import NGramModel
 from dart_core.tree_search import (BEAM_CUT, EOS_END, EXPANDED, KEPT, LOW_NGRAM, NODE_BUDGET, SearchConfig,
-                                   search)
+                                   search, search_in_numpy)
 
 
 def random_rows(rng: np.random.Generator, n_rows: int, k: int, vocab: int):
@@ -139,3 +142,45 @@ def test_budget_zero_and_room_limit():
 def test_knobs_out_of_range(field, value):
     with pytest.raises(ValueError, match=field):
         SearchConfig(**{field: value}).validate()
+
+
+@pytest.mark.parametrize("cfg", [SearchConfig(), SearchConfig(topk=5, beam_width=3, node_budget=12),
+                                 SearchConfig(topk=8, beam_width=1, node_budget=1, ngram_first_level=True),
+                                 SearchConfig(topk=10, beam_width=6, node_budget=200, ngram_weight=1.0),
+                                 SearchConfig(topk=25, beam_width=20, node_budget=40, ngram_weight=0.0)])
+def test_the_c_search_records_what_numpys_records_to_the_last_bit(cfg):
+    """Where our kernels are built the search runs in C: every column of every candidate, the tree and the kept
+    candidates exactly as the numpy search gives them, with ties (repeated probabilities, a table of few tokens) and
+    EOS rows; a context-adaptive table takes numpy's search."""
+    kernel = kernels_here()
+    if kernel is None:   # no C compiler here: numpy's search is all there is
+        assert few_rows.why_not(detect().kind)
+        return
+    rng = np.random.default_rng(7)
+    pyrng = random.Random(7)
+    ngram = NGramModel.build([[pyrng.randrange(12) for _ in range(300)]], vocab_size=12, order=3)
+    for trial in range(16):
+        rows_tokens, rows_probs = random_rows(rng, 5, 10, 12)
+        if trial % 3 == 0:
+            rows_probs = np.round(rows_probs, 1)              # equal scores
+        context = [pyrng.randrange(12) for _ in range(trial % 4)] + [pyrng.randrange(12)]
+        table = ngram if trial % 4 else None
+        ours = search(rows_tokens, rows_probs.astype(np.float32), context, cfg, table, eos_ids={3, 4},
+                      node_budget=30 if trial % 5 == 0 else None)
+        theirs = search_in_numpy(rows_tokens, rows_probs.astype(np.float32), context, cfg, table, eos_ids={3, 4},
+                                 node_budget=30 if trial % 5 == 0 else None)
+        for name in ("token", "level", "parent", "draft_prob", "logit_term", "ngram_prob", "ngram_match",
+                     "ngram_term", "level_weight", "score", "node"):
+            a, b = getattr(ours.candidates, name), getattr(theirs.candidates, name)
+            assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True), (trial, name)
+        assert list(ours.candidates.fate) == list(theirs.candidates.fate)
+        assert list(ours.candidates.beam) == list(theirs.candidates.beam)
+        assert np.array_equal(ours.kept, theirs.kept) and ours.tree == theirs.tree
+    # certain drafts and no n-gram: a child scores exactly its parent, and the shallower must rank first
+    certain = np.zeros((5, 10), dtype=np.float32)
+    certain[:, 0] = 1.0
+    ours, theirs = (fn(rows_tokens, certain, [1], cfg, None, node_budget=3) for fn in (search, search_in_numpy))
+    assert np.array_equal(ours.candidates.score, theirs.candidates.score) and ours.tree == theirs.tree
+    adaptive = ContextNGram(ngram)
+    assert search(rows_tokens, rows_probs, [1, 2], cfg, adaptive).candidates.to_dict() == \
+        search_in_numpy(rows_tokens, rows_probs, [1, 2], cfg, adaptive).candidates.to_dict()

@@ -1,6 +1,6 @@
 """Our own fp32 kernels for few rows, built for the CPU at hand with its C compiler: few_rows.c (a linear, on fp32 or
 bf16 weights) and lean_layer.c (a whole decoder layer on it, which dart_core/lean_native.py drives for the target and
-dart_core/draft_native.py for the draft head); with them ngram_counts.c, the tree search's n-gram counts.
+dart_core/draft_native.py for the draft head); with them tree_search.c, DART's tree search and its n-gram counts.
 
 A decode step computes each linear for 1 row, a verify for a handful; both read every weight once, so the kernel that
 keeps memory busy wins. torch's GEMMs leave much of it unused at 2-16 rows (docs/cpu-speed.md, section 7). The C
@@ -31,8 +31,8 @@ import torch
 from .cpu_info import cpu_flags, cpu_name
 from .paths import cache_root
 
-# the few-row linear, the decoder layer built on it (dart_core/lean_native.py, draft_native.py), the n-gram counts
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("few_rows.c", "lean_layer.c", "ngram_counts.c"))
+# the few-row linear, the decoder layer built on it (dart_core/lean_native.py, draft_native.py), the tree search
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("few_rows.c", "lean_layer.c", "tree_search.c"))
 BUILD_SECONDS = 120
 # The instruction set the build targets, by CPU kind (hardware.CPU_KINDS): a process held to an older kind gets that
 # kind's code, as torch's own kernels do; the machine's own kind gets everything its CPU has.
@@ -81,6 +81,11 @@ class FewRowsKernel:
         self.lib.draft_input.restype = None
         self.lib.ngram_counts.argtypes = [p] * 3 + [n] * 2 + [ctypes.c_int] + [p] * 2 + [n] + [p] * 2 + [n] + [p] * 2
         self.lib.ngram_counts.restype = None
+        self.lib.log_terms.argtypes = [p, n, ctypes.c_double, ctypes.c_double, p]
+        self.lib.log_terms.restype = None
+        self.lib.dart_search.argtypes = ([p, p, n, n, n, p, n, p, p, ctypes.c_double, ctypes.c_double, ctypes.c_int, n, n,
+                                          p, n, p] + [p] * 13)
+        self.lib.dart_search.restype = n
 
     def pack(self, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PackedWeight:
         return pack(weight, self.width, dtype)

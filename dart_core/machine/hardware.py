@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
 
 import torch
 
@@ -84,6 +85,12 @@ def detect(device: str = "cpu") -> Hardware:
                     onednn and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),
                     torch.backends.mkl.is_available(), few_rows.kernel(kind) is not None, kind=kind,
                     limits=isa_limits())
+
+
+@lru_cache(maxsize=None)
+def kernels_here() -> few_rows.FewRowsKernel | None:
+    """Our C kernels built for this process's CPU kind, for code with no Hardware at hand (the tree search)."""
+    return few_rows.kernel(detect().kind)
 
 
 # The CPU kinds this project meets, oldest first, and the environment that makes a newer CPU run as each (torch's

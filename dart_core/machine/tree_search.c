@@ -1,0 +1,243 @@
+/* DART's n-gram-guided beam search (dart_core/tree_search.py) in C, and the n-gram counts it needs.
+
+   The search is the same algorithm as tree_search.search, step for step: the same scores by the same operations in
+   the same order (no contraction into fused multiply-adds, the one log of the C library, which tree_search's
+   log_term also uses where this is built), the same ties broken the same way. It fills the same columns for every
+   candidate, so the trace and the app see exactly what the numpy search would have recorded (tests/
+   test_tree_search.py compares them bit for bit).
+
+   The n-gram counts: the search asks, for each beam path's context suffix s, count(s) and count(s + t) for the same
+   k candidate tokens t. Every key that starts with s lies in one run of the sorted (m+1)-gram keys: it is found once
+   per path (two binary searches of the whole table) and the candidates are searched inside it, a few cache lines
+   instead of some twenty misses each over tens of megabytes. Counts are integers: the result is exactly numpy's. */
+#ifdef __clang__
+#pragma clang fp contract(off)
+#else
+#pragma GCC optimize("fp-contract=off")
+#endif
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef unsigned long long u64;
+
+/* ------------------------------------------------------------------------------------------------ n-gram counts */
+
+/* The first index in keys[lo, hi) whose key is >= key (hi when none). */
+static long lower_bound(const u64 *keys, long lo, long hi, u64 key) {
+    while (lo < hi) {
+        long mid = lo + (hi - lo) / 2;
+        if (keys[mid] < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static long count_of(const u64 *keys, const long long *counts, long lo, long hi, u64 key) {
+    long at = lower_bound(keys, lo, hi, key);
+    return at < hi && keys[at] == key ? (long)counts[at] : 0;
+}
+
+/* The run [*lo, *hi) of the (m+1)-gram keys in keys[from, to) that start with the packed m-gram `prefix`. */
+static void run_of(const u64 *keys, long from, long to, u64 prefix, int bits, long *lo, long *hi) {
+    u64 first = prefix << bits, last = first | (bits >= 64 ? ~0ULL : (1ULL << bits) - 1);
+    *lo = lower_bound(keys, from, to, first);
+    *hi = lower_bound(keys, *lo, to, last);
+    if (*hi < to && keys[*hi] == last) ++*hi;
+}
+
+/* ctx_keys [B]: the packed m-token suffixes; valid [B] (0: the row is skipped, its counts 0); tokens [B, T], ids of
+   the vocabulary. keys_m / counts_m (n_m of them): the sorted m-grams; keys_next / counts_next (n_next): the
+   (m+1)-grams. num [B, T] = count(suffix + token), den [B] = count(suffix), as doubles. */
+void ngram_counts(const u64 *ctx_keys, const unsigned char *valid, const long long *tokens, long B, long T, int bits,
+                  const u64 *keys_m, const long long *counts_m, long n_m, const u64 *keys_next,
+                  const long long *counts_next, long n_next, double *num, double *den) {
+    for (long b = 0; b < B; b++) {
+        den[b] = 0.0;
+        for (long t = 0; t < T; t++) num[b * T + t] = 0.0;
+        if (!valid[b]) continue;
+        den[b] = (double)count_of(keys_m, counts_m, 0, n_m, ctx_keys[b]);
+        long lo, hi;
+        run_of(keys_next, 0, n_next, ctx_keys[b], bits, &lo, &hi);
+        for (long t = 0; lo < hi && t < T; t++)
+            num[b * T + t] = (double)count_of(keys_next, counts_next, lo, hi, (ctx_keys[b] << bits) | (u64)tokens[b * T + t]);
+    }
+}
+
+/* A table of `order` orders: keys[k - 1], counts[k - 1], sizes[k - 1] for the k-grams, and starts[k - 1] [vocab + 1]:
+   where the k-grams that begin with each token start (a search of a first token's keys only, a few cache lines
+   instead of some twenty misses over tens of megabytes). */
+typedef struct {
+    int order, bits;
+    const u64 *const *keys;
+    const long long *const *counts;
+    const long *sizes;
+    const long long *const *starts;
+} table;
+
+/* The reference's backoff (ngram.backoff) for one context of n_ctx tokens (-1: missing) and k tokens: for the longest
+   suffix first, a token seen after it gets count(suffix + token) / count(suffix); a token seen after none gets 0 with
+   match 0. */
+static void backoff(const table *t, const long long *ctx, long n_ctx, const long long *tokens, long k, double *q,
+                    signed char *match) {
+    for (long j = 0; j < k; j++) q[j] = 0.0, match[j] = 0;
+    long longest = t->order - 1 < n_ctx ? t->order - 1 : n_ctx;
+    for (long length = longest; length >= 1; length--) {
+        const long long *suffix = ctx + n_ctx - length;
+        u64 key = 0;
+        int valid = 1;
+        for (long i = 0; i < length; i++) {
+            valid &= suffix[i] >= 0;
+            key = (key << t->bits) | (u64)(suffix[i] >= 0 ? suffix[i] : 0);
+        }
+        if (!valid) continue;
+        const long long *in_m = t->starts[length - 1] + suffix[0], *in_next = t->starts[length] + suffix[0];
+        double den = (double)count_of(t->keys[length - 1], t->counts[length - 1], in_m[0], in_m[1], key);
+        if (!(den > 0)) continue;
+        long lo, hi;
+        run_of(t->keys[length], in_next[0], in_next[1], key, t->bits, &lo, &hi);
+        for (long j = 0; lo < hi && j < k; j++) {
+            if (match[j]) continue;
+            double num = (double)count_of(t->keys[length], t->counts[length], lo, hi, (key << t->bits) | (u64)tokens[j]);
+            if (num > 0) q[j] = num / fmax(den, 1e-12), match[j] = (signed char)length;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ the search */
+
+/* tree_search's log_term: weight * ln(p + eps), never above 0. */
+static double log_term(double p, double weight, double eps) {
+    double v = weight * log(p + eps);
+    return v < 0.0 ? v : 0.0;
+}
+
+void log_terms(const double *p, long n, double weight, double eps, double *out) {
+    for (long i = 0; i < n; i++) out[i] = log_term(p[i], weight, eps);
+}
+
+typedef struct {   /* a candidate as sorted: by a small integer key, its score (descending) and its index */
+    int first;
+    double score;
+    long index;
+} entry;
+
+static int by_first_score_index(const void *a, const void *b) {
+    const entry *x = a, *y = b;
+    if (x->first != y->first) return x->first < y->first ? -1 : 1;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return x->index < y->index ? -1 : (x->index > y->index);
+}
+
+static int by_score_first_index(const void *a, const void *b) {
+    const entry *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    if (x->first != y->first) return x->first < y->first ? -1 : 1;
+    return x->index < y->index ? -1 : (x->index > y->index);
+}
+
+typedef int (*order_fn)(const void *, const void *);
+
+/* The first n of `all` [count] in the order `before` gives, sorted, into best [n]: one comparison with the last kept
+   for most entries (the search wants a beam or a tree of tens out of hundreds or thousands). Returns how many. */
+static long best_of(const entry *all, long count, long n, order_fn before, entry *best) {
+    long have = 0;
+    for (long i = 0; i < count && n > 0; i++) {
+        if (have == n && before(&all[i], &best[n - 1]) >= 0) continue;
+        long j = have < n ? have++ : n - 1;
+        while (j > 0 && before(&all[i], &best[j - 1]) < 0) best[j] = best[j - 1], j--;
+        best[j] = all[i];
+    }
+    return have;
+}
+
+/* Beam states, as tree_search.BEAM_STATES */
+enum { EXPANDED, BEAM_CUT, EOS_END, LAST_LEVEL };
+
+/* rows_tokens [R, stride] (the first k of each row used), rows_probs [R, stride] as doubles; tail [n_ctx]: the
+   context's last tokens (-1 where the context is shorter); level_weight, logit_weight [R]; ngram: NULL for no n-gram
+   term; eos [n_eos]. The columns (capacity: every candidate the search can make) are filled for each candidate;
+   kept [budget] receives the tree's candidates in node order. Returns the candidates made; *n_kept the kept ones. */
+long dart_search(const long long *rows_tokens, const double *rows_probs, long R, long stride, long k,
+                 const long long *tail, long n_ctx, const double *level_weight, const double *logit_weight,
+                 double ngram_weight, double eps, int ngram_first_level, long beam_width, long budget,
+                 const long long *eos, long n_eos, const table *ngram,
+                 long long *token, int *level, int *parent, double *draft_prob, double *logit_term_out,
+                 double *ngram_prob, signed char *ngram_match, double *ngram_term, double *level_weight_out,
+                 double *score, signed char *beam, long *kept, long *n_kept) {
+    long width = beam_width > 0 ? beam_width : 1, offset = 0;
+    long *beam_idx = malloc(sizeof(long) * width), *next_idx = malloc(sizeof(long) * width);
+    double *beam_score = malloc(sizeof(double) * width), *next_score = malloc(sizeof(double) * width);
+    long long *ctx = malloc(sizeof(long long) * (width * n_ctx + 1)),
+              *next_ctx = malloc(sizeof(long long) * (width * n_ctx + 1));
+    entry *order = malloc(sizeof(entry) * (width * k + 1)), *chosen = malloc(sizeof(entry) * width);
+    double *lt = malloc(sizeof(double) * (k + 1));
+    unsigned char *is_eos = malloc(k + 1);
+    long B = 1, levels = budget > 0 ? R : 0;
+    beam_idx[0] = -1, beam_score[0] = 0.0;
+    memcpy(ctx, tail, sizeof(long long) * n_ctx);
+    for (long l = 0; l < levels; l++) {
+        const long long *tok = rows_tokens + l * stride;
+        const double *prob = rows_probs + l * stride;
+        double wlev = level_weight[l];
+        int with_ngram = ngram && ngram_weight > 0 && (l > 0 || ngram_first_level);
+        long non_eos = 0;
+        for (long j = 0; j < k; j++) {
+            lt[j] = log_term(prob[j], logit_weight[l], eps);
+            is_eos[j] = 0;
+            for (long e = 0; e < n_eos; e++) is_eos[j] |= tok[j] == eos[e];
+        }
+        for (long b = 0; b < B; b++) {
+            long at = offset + b * k;
+            if (with_ngram)
+                backoff(ngram, ctx + b * n_ctx, n_ctx, tok, k, ngram_prob + at, ngram_match + at);
+            for (long j = 0; j < k; j++) {
+                long i = at + j;
+                if (with_ngram)
+                    ngram_term[i] = log_term(ngram_prob[i], ngram_weight, eps);
+                else
+                    ngram_prob[i] = NAN, ngram_match[i] = -1, ngram_term[i] = 0.0;
+                token[i] = tok[j], level[i] = (int)l, parent[i] = (int)beam_idx[b];
+                draft_prob[i] = prob[j], logit_term_out[i] = lt[j], level_weight_out[i] = wlev;
+                score[i] = beam_score[b] + wlev * (lt[j] + ngram_term[i]);
+                beam[i] = l == levels - 1 ? LAST_LEVEL : is_eos[j] ? EOS_END : BEAM_CUT;
+                order[b * k + j] = (entry){is_eos[j], score[i], b * k + j};
+                non_eos += !is_eos[j];
+            }
+        }
+        /* the next beam: the best non-EOS sequences (ties keep the earlier, i.e. higher-ranked parent / token) */
+        long n_next = l < levels - 1 ? (width < non_eos ? width : non_eos) : 0;
+        best_of(order, B * k, n_next, by_first_score_index, chosen);
+        for (long s = 0; s < n_next; s++) {
+            long flat = chosen[s].index, row = flat / k;
+            beam[offset + flat] = EXPANDED;
+            next_idx[s] = offset + flat, next_score[s] = score[offset + flat];
+            if (n_ctx) {
+                memcpy(next_ctx + s * n_ctx, ctx + row * n_ctx + 1, sizeof(long long) * (n_ctx - 1));
+                next_ctx[s * n_ctx + n_ctx - 1] = tok[flat % k];
+            }
+        }
+        offset += B * k;
+        B = n_next;
+        long *ti = beam_idx; beam_idx = next_idx; next_idx = ti;
+        double *ts = beam_score; beam_score = next_score; next_score = ts;
+        long long *tc = ctx; ctx = next_ctx; next_ctx = tc;
+        if (n_next == 0) break;
+    }
+    /* the tree: the top `budget` by score, shallower first on ties (a parent always precedes its children) */
+    entry *all = order, *ranked = malloc(sizeof(entry) * (budget + 1));
+    long *candidate_at = malloc(sizeof(long) * (budget + 1));
+    if (offset > width * k) all = realloc(order, sizeof(entry) * offset), order = all;
+    for (long i = 0; i < offset; i++) all[i] = (entry){level[i], score[i], i};
+    long n = best_of(all, offset, budget, by_score_first_index, ranked);
+    for (long i = 0; i < n; i++) candidate_at[i] = ranked[i].index, ranked[i].index = i;
+    /* in node order: by depth, then score, ties in ranking order */
+    qsort(ranked, n, sizeof(entry), by_first_score_index);
+    for (long i = 0; i < n; i++) kept[i] = candidate_at[ranked[i].index];
+    *n_kept = n;
+    free(ranked), free(candidate_at), free(beam_idx), free(next_idx), free(beam_score), free(next_score), free(ctx);
+    free(next_ctx), free(order), free(chosen), free(lt), free(is_eos);
+    return offset;
+}
