@@ -107,6 +107,32 @@ static inline vw exp_lanes(vw x) {
     return (vw)((vi)(y * scale) & ~under);
 }
 
+/* silu(g) * u = g * sigmoid(g) * u lane by lane, sigmoid from e = exp(-|g|) (at or below 0, as exp_lanes takes it):
+   1 / (1 + e) for g >= 0, e times that below. */
+static inline vw silu_times_lanes(vw g, vw u) {
+    vi negative = g < 0;
+    vw e = exp_lanes((vw)((vi)g | ((vi){0} + (int)0x80000000)));   /* -|g|: the sign bit set */
+    vw r = 1.0f / (1.0f + e), er = e * r;
+    vw sig = (vw)(((vi)r & ~negative) | ((vi)er & negative));
+    return g * sig * u;
+}
+
+/* y = silu(g) * u over n floats, VW at a time (the few left over, one lane each, by the same arithmetic). */
+static void silu_times(const float *g, const float *u, float *y, long n) {
+    long j = 0;
+    for (; j + VW <= n; j += VW) {
+        vw gv, uv;
+        memcpy(&gv, g + j, sizeof gv), memcpy(&uv, u + j, sizeof uv);
+        gv = silu_times_lanes(gv, uv);
+        memcpy(y + j, &gv, sizeof gv);
+    }
+    for (; j < n; j++) {
+        vw gv = {0}, uv = {0};
+        gv[0] = g[j], uv[0] = u[j];
+        y[j] = silu_times_lanes(gv, uv)[0];
+    }
+}
+
 static float dot(const float *a, const float *b, long d) {
     /* two 8-lane partial sums, then their lanes in order: a fixed order for every call */
     v8 s0 = {0}, s1 = {0}, x, y;
@@ -157,6 +183,12 @@ static void attend(const float *const qs[], float *const outs[], const long rows
             vw s = score_block(qs[r], rows, d);
             long i = rows_of[r];
             float *row = sc + r * stride;
+            if (e0 + VW <= past) {   /* every entry of the block is seen: one vector (the maximum in any order) */
+                s *= scale;
+                memcpy(row + e0, &s, sizeof s);
+                for (int l = 0; l < VW; l++) best[r] = s[l] > best[r] ? s[l] : best[r];
+                continue;
+            }
             for (int l = 0; l < VW; l++) {
                 long e = e0 + l;
                 int seen = e < past || (e < span && (block ? block[i * n + (e - past)] != 0 : e - past <= i));
@@ -173,19 +205,28 @@ static void attend(const float *const qs[], float *const outs[], const long rows
             x = exp_lanes(x - best[r]);
             memcpy(row + e0, &x, sizeof x);
         }
-        for (long j = 0; j < d; j++) outs[r][j] = 0.0f;
     }
-    for (long e = 0; e < span; e++) {
-        const float *v = V + e * d;
-        for (long r = 0; r < m; r++) {
-            const float p = sc[r * stride + e];
-            if (p == 0.0f) continue;
-            total[r] += p;
-            for (long j = 0; j < d; j++) outs[r][j] += p * v[j];
+    /* each query's weighted sum of values, entry by entry in the cache's order, held in registers a VW-wide slice
+       at a time (a slice's sum does not depend on the others) */
+    for (long r = 0; r < m; r++) {
+        const float *p = sc + r * stride;
+        for (long e = 0; e < span; e++) total[r] += p[e];
+        for (long j0 = 0; j0 < d; j0 += 4 * VW) {
+            long slices = (d - j0) / VW < 4 ? (d - j0) / VW : 4;
+            vw acc[4] = {{0}}, v;
+            for (long e = 0; e < span; e++) {
+                if (p[e] == 0.0f) continue;
+                for (long t = 0; t < slices; t++) {
+                    memcpy(&v, V + e * d + j0 + t * VW, sizeof v);
+                    acc[t] += p[e] * v;
+                }
+            }
+            for (long t = 0; t < slices; t++) {
+                acc[t] /= total[r];
+                memcpy(outs[r] + j0 + t * VW, &acc[t], sizeof acc[t]);
+            }
         }
     }
-    for (long r = 0; r < m; r++)
-        for (long j = 0; j < d; j++) outs[r][j] /= total[r];
 }
 
 /* h [n, D]: the rows' hidden states, updated in place. x_in [n, Din]: the attention's input as it is, or NULL for
@@ -217,11 +258,15 @@ void lean_layer(float *h, const float *x_in, const float *cos_, const float *sin
                 v_cache[(g * cap + past + i) * d + j] = row[(H + KV + g) * d + j];
             }
     }
-    long per_group = n * rep, chunks = (per_group + QUERY_CHUNK - 1) / QUERY_CHUNK;
+    /* queries per task: as many as QUERY_CHUNK while every thread gets two tasks or more (one row's few queries
+       otherwise leave a thread idle); a query's arithmetic does not depend on the others of its task */
+    long per_group = n * rep, chunk = QUERY_CHUNK;
+    while (chunk > 1 && KV * ((per_group + chunk - 1) / chunk) < 2 * threads) chunk--;
+    long chunks = (per_group + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * H * span >= 1024)
     for (long task = 0; task < KV * chunks; task++) {
-        long g = task / chunks, r0 = (task % chunks) * QUERY_CHUNK;
-        long m = per_group - r0 < QUERY_CHUNK ? per_group - r0 : QUERY_CHUNK;
+        long g = task / chunks, r0 = (task % chunks) * chunk;
+        long m = per_group - r0 < chunk ? per_group - r0 : chunk;
         const float *qs[QUERY_CHUNK];
         float *outs[QUERY_CHUNK];
         long rows_of[QUERY_CHUNK];
@@ -241,11 +286,7 @@ void lean_layer(float *h, const float *x_in, const float *cos_, const float *sin
 
     rms_rows(h, norm_post, 0, x, n, D, eps);
     linear(x, gu_w, 0, gu, n, D, 2 * I, threads, bf16);
-    for (long i = 0; i < n; i++)
-        for (long j = 0; j < I; j++) {
-            float g = gu[i * 2 * I + j];
-            act[i * I + j] = g / (1.0f + expf(-g)) * gu[i * 2 * I + I + j];
-        }
+    for (long i = 0; i < n; i++) silu_times(gu + i * 2 * I, gu + i * 2 * I + I, act + i * I, I);
     linear(act, down_w, 0, tmp, n, I, D, threads, bf16);
     for (long j = 0; j < n * D; j++) h[j] += tmp[j];
 }
