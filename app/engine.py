@@ -34,7 +34,9 @@ class ModelThread:
     """One long-lived thread for all the model's work. OpenMP (torch's, and our C kernels') keeps a pool of worker
     threads for each thread that calls it; with pools from several threads on a small CPU, libgomp stops spinning and
     every parallel region wakes its workers slowly: decoding from a second thread ran 1.5x slower (51 against 33
-    tokens/s on the AMX Xeon, 2 cores). Gradio calls from many threads, so the model is only ever driven from here."""
+    tokens/s on the AMX Xeon, 2 cores). Gradio calls from many threads, so the model is only ever driven from here,
+    and so is every other use of torch's or our kernels' threads (loading, packing a head for a proposer, measuring):
+    one use from another thread, once, slows every later step."""
 
     NAME = "dart-model"
 
@@ -139,14 +141,16 @@ class Engine:
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt: str, sampling: SamplingConfig,
                   max_new_tokens: int, settings: DraftSettings) -> Trace:
-        return self.loaded.new_trace(method, prompt_ids, prompt, sampling, max_new_tokens, settings)
+        """(On the model thread: the machine record may measure the cost curve.)"""
+        return MODEL_THREAD.call(self.loaded.new_trace, method, prompt_ids, prompt, sampling, max_new_tokens,
+                                 settings)
 
     def steps(self, method: str, prompt_ids: list[int], sampling: SamplingConfig, max_new_tokens: int,
               settings: DraftSettings):
         """The step generator of one lane (lazy: nothing runs before the first `next()`), each step run on the model
-        thread."""
+        thread, as is the proposer's making (it may pack the head's weights: torch's threads, or ours)."""
         config = GenerationConfig(max_new_tokens, sampling, stop_ids=self.loaded.stop_ids)
-        proposer = self.loaded.proposer(method, settings)
+        proposer = MODEL_THREAD.call(self.loaded.proposer, method, settings)
         budget = getattr(proposer, "auto_budget", None)
         if budget is not None:
             # Where the run's verify times disagree with the curve, it is scaled for this run only, never measured

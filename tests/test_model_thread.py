@@ -36,3 +36,24 @@ def test_calls_from_any_thread_meet_on_one_thread_and_nest_without_waiting_on_th
         w.join()
     assert len(set(names)) == 1 and names[0].startswith(ModelThread.NAME)
     assert MODEL_THREAD.call(lambda: MODEL_THREAD.call(lambda: 7)) == 7
+
+
+def test_a_runs_lanes_are_made_on_the_model_thread_whoever_asks(monkeypatch):
+    """Making a lane's proposer packs the head's weights, and its trace's record may measure the cost curve: both use
+    torch's threads, so both happen on the model thread, even for a run asked from another thread."""
+    from app.callbacks import Callbacks
+    from app.request import RunRequest
+    from dart_core.setup.loading import Loaded
+    from tests.app_fixtures import tiny_engine
+
+    engine = tiny_engine()
+    where = []
+    for name in ("proposer", "new_trace"):
+        made = getattr(Loaded, name)
+        monkeypatch.setattr(Loaded, name, lambda self, *a, _made=made, _name=name, **k: (
+            where.append((_name, threading.current_thread().name)), _made(self, *a, **k))[1])
+    asker = threading.Thread(target=lambda: Callbacks(engine).new_lanes(RunRequest.named(prompt="hi", max_new_tokens=2)))
+    asker.start()
+    asker.join()
+    assert {name for name, _ in where} == {"proposer", "new_trace"}
+    assert all(thread.startswith(ModelThread.NAME) for _, thread in where), where
