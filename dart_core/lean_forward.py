@@ -106,7 +106,7 @@ class LeanForward:
         # fixed-shape steps: captured as CUDA graphs on a GPU (CUDA), run eagerly (EAGER: the same code on any
         # device, as the tests run it), or not used (OFF: every step at its own shape)
         self.graphs = CUDA if self.embed.device.type == "cuda" else OFF
-        self.native = None   # on a CPU in fp32: the C layer for decode and verify steps (dart_core.lean_native)
+        self.native = None   # on a CPU: the C layer for decode and verify steps (dart_core.lean_native)
 
     @staticmethod
     def unsupported(model) -> str | None:
@@ -149,8 +149,9 @@ class LeanForward:
                 self._free.remove(cache)
                 cache.length = 0
                 return cache
-        return StaticKV(len(self.layers), self.kv_heads, self.head_dim, capacity, self.embed.dtype,
-                        self.embed.device)
+        # the C layer keeps keys and values in fp32 whatever the weights (lean_native)
+        dtype = torch.float32 if self.native is not None else self.embed.dtype
+        return StaticKV(len(self.layers), self.kv_heads, self.head_dim, capacity, dtype, self.embed.device)
 
     def release(self, cache: StaticKV) -> None:
         """`cache`'s decode is over: keep it (at most FREE_CACHES) for the next one."""
@@ -215,6 +216,8 @@ class LeanForward:
             kv[0].index_copy_(1, write, k[0])
             kv[1].index_copy_(1, write, v[0])
         keys, values = kv[0, None, :, :span], kv[1, None, :, :span]
+        if keys.dtype != q.dtype:   # a bf16 prefill into the C layer's fp32 cache
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=self.head_dim ** -0.5,
                                              enable_gqa=self.kv_heads != self.heads)
         return w.o(out.transpose(1, 2).reshape(1, n, heads * self.head_dim))

@@ -1,4 +1,5 @@
-"""The lean forward's decode and verify steps on a CPU in fp32 through our C decoder layer (machine/lean_layer.c).
+"""The lean forward's decode and verify steps on a CPU through our C decoder layer (machine/lean_layer.c), computed in
+fp32 on the model's fp32 or bf16 weights.
 
 A step of a few rows is some thirty small operations a layer around four matrix products; as torch operations, each
 run cold after a product streamed its weights through the caches, they cost a third of a step on a 2-core CPU. The
@@ -7,6 +8,11 @@ C layer does them in one call per layer, with the weights packed for our few-row
 Every row is computed on its own in a fixed order, and the rotation reads one table of every position, so a verified
 tree's rows get exactly the logits plain decoding gets for the same prefix (tests/test_lean_native.py). Prefills
 (more than NATIVE_ROWS rows) take the lean forward's torch step; plain decoding and DART share them alike.
+
+A bf16 model's weights are read in bf16 (widened exactly as they are loaded: half the bytes of fp32), its activations,
+keys and values kept in fp32: a bf16 model's steps cost about half its fp32 steps, and, every row computed alone, DART
+in bf16 is token-identical to plain decoding in bf16 too (a bf16 prefill writes its keys and values into the fp32
+cache: LeanForward.new_cache).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from .lean_forward import LeanForward, attention_shape
 from .machine.few_rows import FewRowsKernel, PackedWeight
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16)   # the weights the C layer reads (it computes in fp32)
 MIN_TABLE = 1024          # positions the rotation table starts with (it doubles when a run goes past it)
 HEAD_DIM_STEP, MAX_HEAD_DIM = 16, 512   # the head sizes the C attention takes (lean_layer.c: VW, MAX_HEAD_DIM)
 
@@ -31,8 +38,8 @@ def unsupported(model, hardware) -> str | None:
     if why is not None:
         return why
     weight = model.get_input_embeddings().weight
-    if weight.dtype != torch.float32 or weight.device.type != "cpu":
-        return "the C layer runs fp32 models on a CPU"
+    if weight.dtype not in WEIGHT_DTYPES or weight.device.type != "cpu":
+        return "the C layer runs fp32 and bf16 models on a CPU"
     heads, kv_heads, head_dim = attention_shape(model.config)
     if head_dim % HEAD_DIM_STEP or head_dim > MAX_HEAD_DIM:
         return f"head size {head_dim} (the C layer takes multiples of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM})"
@@ -47,18 +54,21 @@ class NativeLayers:
     def __init__(self, lean, kernel: FewRowsKernel):
         self.lean, self.kernel = lean, kernel
         self.max_rows = NATIVE_ROWS
+        self.weights = lean.embed.dtype            # fp32 or bf16, as the model's
         self.norm_out = _flat(lean.norm_out)
         self.layers = [self._packed(w) for w in lean.layers]
-        self.output = kernel.pack(lean.output.weight)
+        self.output = kernel.pack(lean.output.weight, self.weights)
         self.output_bias = _flat(lean.output.bias)
         self.intermediate = lean.layers[0].down.in_features
         self.cos = self.sin = torch.empty(0, lean.head_dim)
 
     def _packed(self, w) -> tuple[list, list[int | None]]:
         """The layer's tensors (kept alive here) and their addresses, in lean_layer's order."""
-        kept = [_flat(w.norm_in), self.kernel.pack(w.qkv.weight), _flat(w.qkv.bias), _flat(w.qk_norm),
-                self.kernel.pack(w.o.weight), _flat(w.o.bias), _flat(w.norm_post), self.kernel.pack(w.gate_up.weight),
-                self.kernel.pack(w.down.weight)]
+        def pack(linear):
+            return self.kernel.pack(linear.weight, self.weights)
+
+        kept = [_flat(w.norm_in), pack(w.qkv), _flat(w.qkv.bias), _flat(w.qk_norm), pack(w.o), _flat(w.o.bias),
+                _flat(w.norm_post), pack(w.gate_up), pack(w.down)]
         return kept, [_ptr(t) for t in kept]
 
     def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +98,8 @@ class NativeLayers:
         layer_floats = KV * cap * d
         captured = {}
         rows = (hidden.data_ptr(), None, cos.data_ptr(), sin.data_ptr(), _ptr(block))   # None: h's own norm
-        sizes = (scratch.data_ptr(), n, D, D, H, KV, d, I, past, cap, lean.eps, threads, 0)   # 0: fp32 weights
+        sizes = (scratch.data_ptr(), n, D, D, H, KV, d, I, past, cap, lean.eps, threads,
+                 int(self.weights == torch.bfloat16))
         for i, (_, weights) in enumerate(self.layers):
             if i in taps:
                 captured[i] = hidden.clone()

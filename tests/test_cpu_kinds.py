@@ -58,7 +58,7 @@ ON_ANY_CPU = [
     "tests/test_kernels.py::test_stand_ins_turn_capabilities_on_where_the_machine_lacks_them",
     "tests/test_dtype_choice.py::test_bf16_only_where_it_wins_at_every_row_count",
     "tests/test_dtype_choice.py::test_the_choice_is_cached_per_machine",
-    "tests/test_dtype_choice.py::test_decoding_takes_fp32_where_the_c_layer_runs_it_and_batched_work_still_measures",
+    "tests/test_dtype_choice.py::test_decoding_takes_bf16_where_the_c_layer_runs_it_and_everything_else_measures",
     "tests/test_dtype_choice.py::test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster",
     "tests/test_dtype_choice.py::test_train_and_train_data_default_to_the_measured_dtype",
     "tests/test_draft_kernels.py::test_auto_takes_the_fastest_kernels_measured_and_int8_only_by_a_margin",

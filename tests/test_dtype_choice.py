@@ -88,17 +88,19 @@ def test_fast_loads_the_measured_dtype_and_auto_the_lossless_one(measured, tmp_p
 def test_fast_and_bf16_load_measure_and_decode_with_the_gated_kernels(dtype, capable, tmp_path, monkeypatch,
                                                                       one_thread):
     """`--dtype fast` measured for real (it once crashed on every CPU with a oneDNN bf16 path), and bf16 on the
-    kernels measured for it: both load and decode."""
+    kernels measured for it, or on our C layer where it builds: both load and decode."""
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
     folder = tmp_path / "model"
     tiny_target("llama").model.save_pretrained(folder)
     qwen_style_tokenizer(PLAIN_TEMPLATE).save_pretrained(folder)
     target = load_target(str(folder), "cpu", dtype, hardware=capable)
     assert target.hardware == capable and dtype_name(target.dtype) in ("fp32", "bf16")
-    if dtype == "fast" and target.forward_kind == "lean-native":     # our C layer decodes fp32 here
-        assert dtype_name(target.dtype) == "fp32" and "C layer" in target.dtype_choice.reason
+    if dtype == "fast" and target.forward_kind == "lean-native":     # our C layer decodes bf16 weights here
+        assert dtype_name(target.dtype) == "bf16" and "C layer" in target.dtype_choice.reason
     elif dtype == "fast":
         assert set(target.dtype_choice.seconds) == {"fp32", "bf16"}   # one spelling
+    elif target.forward_kind == "lean-native":   # bf16 weights in our C layer: no kernel plan, no second copy
+        assert dtype_name(target.dtype) == "bf16" and target.fast_linears is None
     else:
         assert target.fast_linears is not None and target.fast_linears.plan.timings   # measured in bf16
     prompt = [1, 5, 9, 13, 17, 5, 9]
@@ -107,18 +109,18 @@ def test_fast_and_bf16_load_measure_and_decode_with_the_gated_kernels(dtype, cap
     assert len(out) == 12
 
 
-def test_decoding_takes_fp32_where_the_c_layer_runs_it_and_batched_work_still_measures(tmp_path, monkeypatch):
+def test_decoding_takes_bf16_where_the_c_layer_runs_it_and_everything_else_measures(tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     model = tiny_target("llama").model
     with_layer = Hardware("cpu", few_rows=True)          # a CPU where our kernels build
-    monkeypatch.setattr(dtype_choice, "measure_dtypes", lambda *a, **k: times((1.0, 2.0), (0.5, 1.0)))  # bf16 faster
-    choice = choose_cpu_dtype(model, with_layer)
-    assert choice.dtype == "fp32" and "C layer" in choice.reason and not choice.seconds
-    assert choose_cpu_dtype(model, Hardware("cpu").with_stand_ins("few_rows")).dtype == "bf16"   # a stand-in
-    assert choose_cpu_dtype(model, Hardware()).dtype == "bf16"                              # no C layer: measured
+    monkeypatch.setattr(dtype_choice, "measure_dtypes", lambda *a, **k: times((1.0, 2.0), (2.0, 4.0)))  # torch's bf16
+    choice = choose_cpu_dtype(model, with_layer)                                                   # slower
+    assert choice.dtype == "bf16" and "C layer" in choice.reason and not choice.seconds
+    assert choose_cpu_dtype(model, Hardware("cpu").with_stand_ins("few_rows")).dtype == "fp32"   # a stand-in
+    assert choose_cpu_dtype(model, Hardware()).dtype == "fp32"                              # no C layer: measured
     from dart_core.machine.kernels import BATCH_ROWS
-    assert choose_cpu_dtype(model, with_layer, rows_measured=BATCH_ROWS).dtype == "bf16"    # batched work measures
-    assert choose_cpu_dtype(model, with_layer, native=False).dtype == "bf16"   # DART_FORWARD=lean-eager: measured
+    assert choose_cpu_dtype(model, with_layer, rows_measured=BATCH_ROWS).dtype == "fp32"    # batched work measures
+    assert choose_cpu_dtype(model, with_layer, native=False).dtype == "fp32"   # DART_FORWARD=lean-eager: measured
 
 
 def test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster():

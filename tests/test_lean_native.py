@@ -69,3 +69,41 @@ def test_prefills_take_torchs_operations_and_steps_the_c_layer(monkeypatch):
     target.forward(torch.tensor([5]), torch.tensor([NATIVE_ROWS + 5]), cache)
     assert calls == [1]
     assert target.planned_linears() == []   # no second packed copy for the kernel plan
+
+
+def test_a_bf16_model_computes_in_fp32_on_its_bf16_weights_and_keeps_dart_lossless():
+    """The C layer reads a bf16 model's weights widened exactly and computes in fp32: its logits are those of the fp32
+    model holding the same (rounded) weights (up to the rotation, whose frequencies a bf16 model holds in bf16), its
+    cache is fp32, a prefill through torch's bf16 operations fills it, and a verified tree's rows still get plain
+    decoding's bits."""
+    import copy
+
+    from dart_core.target import TargetModel
+    base = native_target("llama", seed=4)
+    if base is None:
+        return
+    rounded = copy.deepcopy(base.model)
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.bfloat16().float())
+    half, same = TargetModel(copy.deepcopy(rounded).to(torch.bfloat16)), TargetModel(rounded)
+    for target in (half, same):
+        target.use_lean()
+    assert half.forward_kind == "lean-native" and half.dtype == torch.bfloat16
+    prompt = list(range(3, 30))
+    caches = [t.new_cache() for t in (half, same)]
+    assert caches[0].kv.dtype == torch.float32
+    logits = [t.prefill(prompt, c)[0] for t, c in zip((half, same), caches)]   # 27 rows: through the C layer
+    assert logits[0].dtype == torch.float32 and torch.allclose(logits[0], logits[1], atol=1e-3)
+    step = [t.forward(torch.tensor([7]), torch.tensor([len(prompt)]), c)[0] for t, c in zip((half, same), caches)]
+    assert torch.allclose(step[0], step[1], atol=1e-3)
+    long_cache = half.new_cache()
+    half.prefill(list(range(3, NATIVE_ROWS + 20)), long_cache)   # torch's bf16 prefill into the fp32 cache
+    assert long_cache.length == NATIVE_ROWS + 17 and torch.isfinite(long_cache.kv[:, :, :, : long_cache.length]).all()
+    tree = TokenTree([prompt[-1], 12, 13, 14], [-1, 0, 0, 1])
+    expected = plain_logits(half, prompt[:-1], [prompt[-1], 12, 14])
+    cache = half.new_cache()
+    half.prefill(prompt[:-1], cache)
+    got, _ = half.verify(tree, cache)
+    for depth, node in enumerate([0, 1, 3]):
+        assert torch.equal(got[node], expected[depth])

@@ -11,10 +11,11 @@ row and at eight, each on its fastest kernel here (`kernels.measure_dtypes`, cac
 where it wins both by BF16_MARGIN (measurements: docs/cpu-speed.md#measured-the-dtype-choice). On a GPU, bf16 where
 the GPU supports it, else fp16. The bench's default dtype list is fp32, plus bf16 where `fast` takes it.
 
-Where the fp32 model decodes through our C layer (dart_core/lean_native.py: a CPU where our kernels build, a family
-the lean forward takes), decoding takes fp32 without measuring linears: the C layer runs only fp32, and bf16 on torch's
-operations loses to it even on the AMX Xeon, the CPU most in bf16's favour (plain decoding 40.9 against 51.7 tokens/s,
-docs/performance.md). It is also the lossless dtype.
+Where the model decodes through our C layer (dart_core/lean_native.py: a CPU where our kernels build, a family the
+lean forward takes), `fast` takes bf16 without measuring torch's linears: the C layer reads bf16 weights, half of
+fp32's bytes, widened exactly as they are loaded and computed in fp32 (on the AMX Xeon plain decoding 96 against 52
+tokens/s: docs/cpu-speed.md#9-bf16-weights-in-the-c-layer), whatever bf16 instructions the CPU has. It is not the
+lossless dtype: bf16 weights give other tokens than fp32's (DART in bf16 is token-identical to plain decoding in bf16).
 
 Batched work (training the head, generating its training data) runs many rows per forward, where a CPU without
 native bf16 is slowest in bf16: `train` and `train-data` measure at `kernels.BATCH_ROWS` instead
@@ -54,9 +55,8 @@ def choose_cpu_dtype(model, hardware: Hardware, recalibrate: bool = False,
     batched work), measured once per machine, model shapes and rows. native: whether the forward asked for would
     run our C layer where it can (not `DART_FORWARD=lean-eager` or `transformers`)."""
     if native and rows_measured == DTYPE_ROWS and native_unsupported(model, hardware) is None:
-        return DtypeChoice.because(LOSSLESS, "our C layer decodes fp32 here", " (dart_core/lean_native.py; bf16 runs "
-                                   "torch's operations, which are slower: docs/cpu-speed.md#7-our-own-kernels-the-few-"
-                                   "row-linear-and-the-c-layer)")
+        return DtypeChoice.because("bf16", "our C layer decodes here and reads bf16 weights, half of fp32's bytes",
+                                   " (dart_core/lean_native.py: docs/cpu-speed.md#9-bf16-weights-in-the-c-layer)")
     extra = "" if rows_measured == DTYPE_ROWS else f"rows {list(rows_measured)}"
     name = model_key(hardware, model, "auto", "dtype", extra)
     return cached(name, recalibrate,
