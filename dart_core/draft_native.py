@@ -1,13 +1,14 @@
-"""The DART draft head's drafting step on a CPU through our C layer (machine/lean_layer.c), with bf16 weights.
+"""The DART draft head's drafting step on a CPU through our C layer (machine/lean_layer.c), with bf16 or int8 weights.
 
 As torch operations a drafting step is nine small products and some sixty other operations, each dispatched on its
 own and run cold after the target's forward streamed its weights through the caches: on a 2-core CPU that took about
 as long as the products (docs/cpu-speed.md, section 8). Here the head's one decoder layer is one call, its input rows
-are assembled by another, and every product reads the weights in bf16, half of fp32's bytes.
+are assembled by another, and every product reads the weights in bf16, half of fp32's bytes, or in int8 with a
+scale per output, a quarter (`--draft-kernels native-int8`; the set-up code times both).
 
-The head's own safetensors hold bf16 weights, so a head loaded from its file loses nothing; a head whose weights are
-finer (fresh from training) drafts from their bf16 rounding. Either way the draft only proposes: the target verifies
-every token, so the emitted tokens never depend on it.
+The head's own safetensors hold bf16 weights, so a head loaded from its file loses nothing in bf16; a head whose
+weights are finer (fresh from training) drafts from their bf16 rounding, and int8 rounds them further. Either way the
+draft only proposes: the target verifies every token, so the emitted tokens never depend on it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from .draft_head import DraftHead
 from .machine import few_rows
-from .machine.few_rows import FewRowsKernel
+from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel
 from .machine.hardware import Hardware
 
 MIN_CACHE = 256          # positions a draft cache starts with (it doubles when a run goes past it)
@@ -54,14 +55,15 @@ class NativeDraftCache:
 class NativeDraftHead:
     """`head` packed for the C layer: `step` is DraftHead.forward for inference, on a NativeDraftCache."""
 
-    def __init__(self, head: DraftHead, kernel: FewRowsKernel, out_weight: torch.Tensor | None = None):
-        """out_weight: the output layer of a head tied to the target's (as DraftHead.forward takes it)."""
+    def __init__(self, head: DraftHead, kernel: FewRowsKernel, out_weight: torch.Tensor | None = None,
+                 weights: torch.dtype = torch.bfloat16):
+        """out_weight: the output layer of a head tied to the target's (as DraftHead.forward takes it); weights: the
+        products' weights, bf16 or int8."""
         c = head.config
-        self.config, self.kernel = c, kernel
-        bf16 = torch.bfloat16
+        self.config, self.kernel, self.weights = c, kernel, weights
 
-        def packed(*weights):
-            return kernel.pack(torch.cat([w.detach().float() for w in weights]), bf16)
+        def packed(*linears):
+            return kernel.pack(torch.cat([w.detach().float() for w in linears]), weights)
 
         def flat(t):
             return t.detach().float().contiguous()
@@ -117,7 +119,8 @@ class NativeDraftHead:
         cap, keys = cache.kv.shape[2], cache.kv.data_ptr()
         lib.lean_layer(h.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), None, None, qkv, None, None, o,
                        None, self.norms[2].data_ptr(), gate_up, down, keys, keys + kv_heads * cap * d * 4,
-                       scratch.data_ptr(), n, H, 2 * H, heads, kv_heads, d, inter, P, cap, c.rms_eps, threads, 1)
+                       scratch.data_ptr(), n, H, 2 * H, heads, kv_heads, d, inter, P, cap, c.rms_eps, threads,
+                       WEIGHT_KINDS[self.weights])
         cache.length = P + S
         rows = h[S - 1:]
         for _ in range(2 if c.double_norm else 1):
@@ -127,15 +130,18 @@ class NativeDraftHead:
         return self.kernel.linear(rows, self.output, None)
 
 
-def packed(head: DraftHead, hardware: Hardware, out_weight: torch.Tensor | None = None) -> NativeDraftHead:
-    """`head` packed for the C layer built for `hardware` (where `unsupported` says it can run); made once per head
-    and kept while its weights are unchanged (the app builds a drafter for every run)."""
-    key = (tuple(p._version for p in head.parameters()), hardware.kind, out_weight)
-    known = _PACKED.get(head)
-    if known is not None and known[0][:2] == key[:2] and known[0][2] is out_weight:
-        return known[1]
-    out = NativeDraftHead(head, few_rows.kernel(hardware.kind), out_weight)
-    _PACKED[head] = (key, out)
+def packed(head: DraftHead, hardware: Hardware, out_weight: torch.Tensor | None = None,
+           weights: torch.dtype = torch.bfloat16) -> NativeDraftHead:
+    """`head` packed for the C layer built for `hardware` (where `unsupported` says it can run), in `weights`; made
+    once per head and weights, and kept while the head's weights are unchanged (the app builds a drafter for every
+    run)."""
+    key = (tuple(p._version for p in head.parameters()), hardware.kind)
+    made = _PACKED.setdefault(head, {})
+    known = made.get(weights)
+    if known is not None and known[0] == key and known[1] is out_weight:
+        return known[2]
+    out = NativeDraftHead(head, few_rows.kernel(hardware.kind), out_weight, weights)
+    made[weights] = (key, out_weight, out)
     return out
 
 

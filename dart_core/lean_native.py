@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .lean_forward import LeanForward, attention_shape
-from .machine.few_rows import FewRowsKernel, PackedWeight
+from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel, PackedWeight
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)   # the weights the C layer reads (it computes in fp32)
@@ -98,8 +98,7 @@ class NativeLayers:
         layer_floats = KV * cap * d
         captured = {}
         rows = (hidden.data_ptr(), None, cos.data_ptr(), sin.data_ptr(), _ptr(block))   # None: h's own norm
-        sizes = (scratch.data_ptr(), n, D, D, H, KV, d, I, past, cap, lean.eps, threads,
-                 int(self.weights == torch.bfloat16))
+        sizes = (scratch.data_ptr(), n, D, D, H, KV, d, I, past, cap, lean.eps, threads, WEIGHT_KINDS[self.weights])
         for i, (_, weights) in enumerate(self.layers):
             if i in taps:
                 captured[i] = hidden.clone()

@@ -48,6 +48,8 @@ ON_ATEN_KINDS = [
     "tests/test_few_rows.py::test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count",
     "tests/test_few_rows.py::test_the_kernel_shares_torchs_openmp_runtime",
     "tests/test_few_rows.py::test_bf16_weights_give_the_fp32_product_of_the_widened_weights",
+    "tests/test_few_rows.py::test_int8_weights_give_the_product_of_their_scaled_values",
+    "tests/test_draft_native.py::test_its_int8_weights_draft_nearly_the_same_rows",
     "tests/test_draft_native.py::test_its_steps_compute_what_the_head_computes",
     "tests/test_draft_native.py::test_the_cache_grows_and_keeps_what_it_holds",
     "tests/test_draft_native.py::test_greedy_output_with_the_c_layer_is_plain_decodings",

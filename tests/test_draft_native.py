@@ -75,6 +75,25 @@ def test_its_steps_compute_what_the_head_computes(target, overrides):
             assert ours.length == theirs.length == b
 
 
+def test_its_int8_weights_draft_nearly_the_same_rows(target):
+    head = random_head(target, n_mask=3, seed=7, tie_output=False)
+    if not runs_here(target, head):
+        return
+    gen = torch.Generator().manual_seed(3)
+    H = target.hidden_size
+    features, embeds = torch.randn(12, 3 * H, generator=gen), torch.randn(12, H, generator=gen)
+    exact = draft_native.packed(head, target.hardware)
+    small = draft_native.packed(head, target.hardware, weights=torch.int8)
+    assert small is not exact and draft_native.packed(head, target.hardware, weights=torch.int8) is small
+    a, b = exact.step(features, embeds, exact.new_cache()), small.step(features, embeds, small.new_cache())
+    assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > 0.999
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.75
+    dart = DartProposer(HeadDrafter(head, target, "native-int8"), SearchConfig(node_budget=8))
+    prompt = [1, 40, 41, 42, 40, 41, 42, 40]
+    assert run(target, dart, prompt, GenerationConfig(max_new_tokens=16)).output_ids == \
+        plain_greedy_reference(target, prompt, 16)
+
+
 def test_the_cache_grows_and_keeps_what_it_holds(target):
     head = random_head(target, n_mask=2, seed=6, tie_output=False)
     if not runs_here(target, head):

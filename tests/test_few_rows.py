@@ -75,6 +75,27 @@ def test_bf16_weights_give_the_fp32_product_of_the_widened_weights(out_features,
             assert torch.allclose(kernel.linear(x, packed, bias), expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("out_features,in_features", [(1, 5), (33, 70), (257, 576)])
+def test_int8_weights_give_the_product_of_their_scaled_values(out_features, in_features):
+    """The draft head's products can read int8 weights with a scale per output: the product of the dequantized
+    weights, the largest weight of each output kept to within half a step."""
+    kernel = real_or_why()
+    gen = torch.Generator().manual_seed(in_features)
+    weight, bias = torch.randn(out_features, in_features, generator=gen), torch.randn(out_features, generator=gen)
+    weight[0] = 0.0                                         # an output of zeros keeps a usable scale
+    packed = few_rows.pack(weight, 16, torch.int8)
+    assert packed.blocks.dtype == torch.int8 and packed.scales.shape == (-(-out_features // 16) * 16,)
+    values = torch.einsum("bkv,bv->bvk", packed.blocks.float(), packed.scales.view(-1, 16)).reshape(-1, in_features)
+    assert torch.allclose(values[:out_features], weight, atol=float(weight.abs().max()) / 254 + 1e-6)
+    for rows in (1, 6, 9):
+        x = torch.randn(rows, in_features, generator=gen)
+        expected = F.linear(x, values[:out_features], bias)
+        assert torch.allclose(few_rows.stand_in_linear(x, packed, bias), expected, atol=1e-4, rtol=1e-4)
+        if kernel is not None:
+            ours = kernel.pack(weight, torch.int8)
+            assert torch.allclose(kernel.linear(x, ours, bias), expected, atol=1e-4, rtol=1e-4)
+
+
 def test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count():
     """Each output is summed in one fixed order whatever the rows beside it: a tree's verify reproduces plain
     decoding's products bit for bit."""

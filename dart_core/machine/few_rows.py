@@ -43,22 +43,44 @@ NO_TOOLCHAIN = "the C compiler here cannot build a shared library"
 UNWRITABLE = "cannot write the kernels' cache folder"
 
 
+# The weights the kernel reads, and the code by which lean_layer.c is told which (its FP32/BF16/INT8_WEIGHTS).
+WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+
+
 @dataclass(frozen=True)
 class PackedWeight:
-    """A weight [N, K] packed as [ceil(N / width), K, width] (zeros past N), fp32 or bf16, and its N."""
+    """A weight [N, K] packed as [ceil(N / width), K, width] (zeros past N) in fp32, bf16 or int8, and its N; int8
+    weights have a scale per output (`scales`, ceil(N / width) * width floats), stored right after the blocks, where
+    the kernel reads them."""
     blocks: torch.Tensor
     out_features: int
+    scales: torch.Tensor | None = None
+
+    @property
+    def kind(self) -> int:
+        return WEIGHT_KINDS[self.blocks.dtype]
 
 
 def pack(weight: torch.Tensor, width: int, dtype: torch.dtype = torch.float32) -> PackedWeight:
-    """`weight` packed for the kernel, in fp32 or (rounded to) bf16."""
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"the few-row kernel reads fp32 or bf16 weights, not {dtype}")
+    """`weight` packed for the kernel: in fp32, rounded to bf16, or in int8 with a scale per output (its largest
+    weight maps to 127)."""
+    if dtype not in WEIGHT_KINDS:
+        raise ValueError(f"the few-row kernel reads fp32, bf16 or int8 weights, not {dtype}")
     n, k = weight.shape
     padded = -(-n // width) * width
-    w = torch.zeros(padded, k, dtype=dtype)
-    w[:n] = weight.detach().to(dtype)
-    return PackedWeight(w.view(padded // width, width, k).transpose(1, 2).contiguous(), n)
+    w = torch.zeros(padded, k)
+    w[:n] = weight.detach().float()
+    if dtype != torch.int8:
+        return PackedWeight(w.to(dtype).view(padded // width, width, k).transpose(1, 2).contiguous(), n)
+    scale = w.abs().amax(dim=1) / 127
+    scale[scale == 0] = 1.0
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    buffer = torch.empty(padded * k + 4 * padded, dtype=torch.int8)    # the blocks, then the scales
+    blocks = buffer[: padded * k].view(padded // width, k, width)
+    blocks.copy_(q.view(padded // width, width, k).transpose(1, 2))
+    scales = buffer[padded * k:].view(torch.float32)
+    scales.copy_(scale)
+    return PackedWeight(blocks, n, scales)
 
 
 class FewRowsKernel:
@@ -66,7 +88,7 @@ class FewRowsKernel:
 
     def __init__(self, path: Path):
         self.lib = ctypes.CDLL(str(path))
-        for name in ("few_rows_linear", "few_rows_linear_bf16"):
+        for name in ("few_rows_linear", "few_rows_linear_bf16", "few_rows_linear_i8"):
             getattr(self.lib, name).argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
             getattr(self.lib, name).restype = None
         self.width = int(self.lib.few_rows_width())
@@ -97,7 +119,7 @@ class FewRowsKernel:
             raise ValueError(f"few-row kernel: x {tuple(x.shape)} {x.dtype} against a packed [{w.out_features}, "
                              f"{w.blocks.shape[1]}] weight")
         y = torch.empty(rows, w.out_features, dtype=torch.float32)
-        product = self.lib.few_rows_linear_bf16 if w.blocks.dtype == torch.bfloat16 else self.lib.few_rows_linear
+        product = (self.lib.few_rows_linear, self.lib.few_rows_linear_bf16, self.lib.few_rows_linear_i8)[w.kind]
         product(x.data_ptr(), w.blocks.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), rows, k,
                 w.out_features, torch.get_num_threads())
         return y
@@ -105,7 +127,10 @@ class FewRowsKernel:
 
 def stand_in_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """The kernel's arithmetic in torch, from the same packed layout (where the real one cannot be built)."""
-    y = torch.einsum("mk,bkv->mbv", x.float(), w.blocks.float()).reshape(x.shape[0], -1)[:, : w.out_features]
+    y = torch.einsum("mk,bkv->mbv", x.float(), w.blocks.float()).reshape(x.shape[0], -1)
+    if w.scales is not None:
+        y = y * w.scales
+    y = y[:, : w.out_features]
     return y if bias is None else y + bias
 
 

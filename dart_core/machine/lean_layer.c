@@ -1,6 +1,6 @@
 /* One decoder layer of the lean forward (Llama / Qwen2 / Qwen3 / Mistral) for few rows, in fp32, in one call; the
    same layer serves the DART draft head (dart_core/draft_native.py), whose attention reads rows it assembles itself
-   (draft_input) and whose weights are bf16.
+   (draft_input). Its weights are fp32, bf16 or int8 (few_rows.c), its arithmetic fp32.
 
    Between its matrix products a layer does some thirty small operations (norms, the rotation, the cache writes,
    attention, the activation). As torch operations each costs a dispatch, and after a product has streamed megabytes
@@ -20,12 +20,18 @@
 void few_rows_linear(const float *x, const float *w, const float *b, float *y, long M, long K, long N, int threads);
 void few_rows_linear_bf16(const float *x, const unsigned short *w, const float *b, float *y, long M, long K, long N,
                           int threads);
+void few_rows_linear_i8(const float *x, const signed char *w, const float *b, float *y, long M, long K, long N,
+                        int threads);
 
-/* y = x w^T (+ b) with w fp32 or, where bf16 is set, bf16 */
+enum { FP32_WEIGHTS, BF16_WEIGHTS, INT8_WEIGHTS };   /* the weights' kinds (machine/few_rows.py: WEIGHT_KINDS) */
+
+/* y = x w^T (+ b), w of the kind `weights` says */
 static void linear(const float *x, const void *w, const float *b, float *y, long M, long K, long N, int threads,
-                   int bf16) {
-    if (bf16)
+                   int weights) {
+    if (weights == BF16_WEIGHTS)
         few_rows_linear_bf16(x, w, b, y, M, K, N, threads);
+    else if (weights == INT8_WEIGHTS)
+        few_rows_linear_i8(x, w, b, y, M, K, N, threads);
     else
         few_rows_linear(x, w, b, y, M, K, N, threads);
 }
@@ -233,21 +239,21 @@ static void attend(const float *const qs[], float *const outs[], const long rows
    the norm of h (Din = D). cos, sin [n, d]. block [n, n] (1: row i sees row j of the
    block) or NULL for a causal block; every row sees the `past` cache entries. k_cache, v_cache: this layer's
    [KV, cap, d]; the block's keys and values are written at past .. past + n - 1. Weights packed for
-   few_rows_linear, in bf16 where bf16 is set; qkv_b, o_b: biases or NULL; qk_norm: [H + KV, d] (Qwen3) or NULL.
+   few_rows_linear, of the kind `weights` says; qkv_b, o_b: biases or NULL; qk_norm: [H + KV, d] (Qwen3) or NULL.
    scratch: at least lean_layer_scratch(...) floats. */
 void lean_layer(float *h, const float *x_in, const float *cos_, const float *sin_, const unsigned char *block,
                 const float *norm_in, const void *qkv_w, const float *qkv_b, const float *qk_norm,
                 const void *o_w, const float *o_b, const float *norm_post, const void *gu_w, const void *down_w,
                 float *k_cache, float *v_cache, float *scratch,
                 long n, long D, long Din, long H, long KV, long d, long I, long past, long cap, float eps, int threads,
-                int bf16) {
+                int weights) {
     long qkv_n = (H + 2 * KV) * d, span = past + n, rep = H / KV;
     float *x = scratch, *qkv = x + n * D, *att = qkv + n * qkv_n, *gu = att + n * H * d, *act = gu + n * 2 * I,
           *tmp = act + n * I, *scores = tmp + n * D;
     float scale = 1.0f / sqrtf((float)d);
 
     if (!x_in) rms_rows(h, norm_in, 0, x, n, D, eps);
-    linear(x_in ? x_in : x, qkv_w, qkv_b, qkv, n, Din, qkv_n, threads, bf16);
+    linear(x_in ? x_in : x, qkv_w, qkv_b, qkv, n, Din, qkv_n, threads, weights);
     for (long i = 0; i < n; i++) {
         float *row = qkv + i * qkv_n;
         if (qk_norm) rms_rows(row, qk_norm, d, row, H + KV, d, eps);
@@ -281,13 +287,13 @@ void lean_layer(float *h, const float *x_in, const float *cos_, const float *sin
         attend(qs, outs, rows_of, m, k_cache + g * cap * d, v_cache + g * cap * d,
                scores + t * QUERY_CHUNK * (span + VW), span, past, n, block, d, scale);
     }
-    linear(att, o_w, o_b, tmp, n, H * d, D, threads, bf16);
+    linear(att, o_w, o_b, tmp, n, H * d, D, threads, weights);
     for (long j = 0; j < n * D; j++) h[j] += tmp[j];
 
     rms_rows(h, norm_post, 0, x, n, D, eps);
-    linear(x, gu_w, 0, gu, n, D, 2 * I, threads, bf16);
+    linear(x, gu_w, 0, gu, n, D, 2 * I, threads, weights);
     for (long i = 0; i < n; i++) silu_times(gu + i * 2 * I, gu + i * 2 * I + I, act + i * I, I);
-    linear(act, down_w, 0, tmp, n, I, D, threads, bf16);
+    linear(act, down_w, 0, tmp, n, I, D, threads, weights);
     for (long j = 0; j < n * D; j++) h[j] += tmp[j];
 }
 

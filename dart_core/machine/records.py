@@ -112,12 +112,15 @@ class DtypeChoice:
         return cls(dtype, reason, seconds, str(d.get("why") or reason.removeprefix(f"{dtype}: ")))
 
 
-# How DART's head drafts: through our C layer with bf16 weights (dart_core/draft_native.py), an int8 copy of the head
-# (dart_core/draft_kernels.py), or torch on the head as it is; 'auto': the fastest of them measured here.
-NATIVE_KERNELS, INT8_KERNELS, FP32_KERNELS, AUTO_KERNELS = "native", "int8", "fp32", "auto"
-DRAFT_KERNELS = (NATIVE_KERNELS, INT8_KERNELS, FP32_KERNELS)
+# How DART's head drafts: through our C layer with bf16 or int8 weights (dart_core/draft_native.py), an int8 copy of
+# the head (dart_core/draft_kernels.py), or torch on the head as it is; 'auto': the fastest of them measured here.
+NATIVE_KERNELS, NATIVE_INT8_KERNELS, INT8_KERNELS, FP32_KERNELS = "native", "native-int8", "int8", "fp32"
+AUTO_KERNELS = "auto"
+DRAFT_KERNELS = (NATIVE_KERNELS, NATIVE_INT8_KERNELS, INT8_KERNELS, FP32_KERNELS)
 DRAFT_KERNEL_MODES = (AUTO_KERNELS, *DRAFT_KERNELS)
-KERNEL_WORDS = {NATIVE_KERNELS: "in bf16 through our C layer", INT8_KERNELS: "in int8", FP32_KERNELS: "in fp32"}
+KERNEL_WORDS = {NATIVE_KERNELS: "in bf16 through our C layer", NATIVE_INT8_KERNELS: "in int8 through our C layer",
+                INT8_KERNELS: "in int8", FP32_KERNELS: "in fp32"}
+ROUNDED_KERNELS = (NATIVE_INT8_KERNELS, INT8_KERNELS)   # their rows differ a little from the head's own
 
 
 @dataclass

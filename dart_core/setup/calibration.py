@@ -22,8 +22,8 @@ from ..errors import ConfigError
 from ..machine.hardware import Hardware
 from ..machine.kernels import KernelPlan, decoder_linears, measure_plan, onednn_applies, packed_linear, shape_key
 from ..machine.records import (AUTO_KERNELS, CURVE_CONTEXT, DRAFT_KERNEL_MODES, DRAFT_KERNELS, FP32_KERNELS,
-                               INT8_KERNELS, KERNEL_WORDS, NATIVE_KERNELS, CostCurve, DraftKernelChoice, MachineRecord,
-                               dtype_spelling)
+                               INT8_KERNELS, KERNEL_WORDS, NATIVE_INT8_KERNELS, NATIVE_KERNELS, ROUNDED_KERNELS,
+                               CostCurve, DraftKernelChoice, MachineRecord, dtype_spelling)
 from ..target import TargetModel
 from ..tree import TokenTree
 from .defaults import cache_root
@@ -150,7 +150,7 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
                          target.forward_kind)
 
 
-INT8_MARGIN = 0.9      # an int8 head (whose rows differ a little) must take at most this share of the others' best
+INT8_MARGIN = 0.9      # int8 weights (whose rows differ a little) must take at most this share of the others' best
 
 
 def draft_kernel_choice(head, target: TargetModel, mode: str = AUTO_KERNELS,
@@ -161,7 +161,8 @@ def draft_kernel_choice(head, target: TargetModel, mode: str = AUTO_KERNELS,
     if mode not in DRAFT_KERNEL_MODES:
         raise ConfigError(f"--draft-kernels takes {', '.join(DRAFT_KERNEL_MODES)}, got {mode!r}")
     hw = target.hardware
-    why_not = {NATIVE_KERNELS: draft_native.unsupported(head, hw), INT8_KERNELS: int8_supported(hw, head),
+    native = draft_native.unsupported(head, hw)
+    why_not = {NATIVE_KERNELS: native, NATIVE_INT8_KERNELS: native, INT8_KERNELS: int8_supported(hw, head),
                FP32_KERNELS: None}
     if mode != AUTO_KERNELS:
         if why_not[mode] is not None:
@@ -179,15 +180,15 @@ def draft_kernel_choice(head, target: TargetModel, mode: str = AUTO_KERNELS,
         steps = {FP32_KERNELS: lambda: head_step(head, out_weight, packed_linear(head.lm_head, hw)
                                                  if onednn_applies(head.lm_head, hw) else None),
                  INT8_KERNELS: lambda: head_step(int8_copy(head), out_weight),
-                 NATIVE_KERNELS: lambda: native_step(draft_native.packed(head, hw, out_weight))}
+                 NATIVE_KERNELS: lambda: native_step(draft_native.packed(head, hw, out_weight)),
+                 NATIVE_INT8_KERNELS: lambda: native_step(draft_native.packed(head, hw, out_weight, torch.int8))}
         return {kernels: time_drafting(*steps[kernels](), c) for kernels in runs}
 
     def read(seconds):
         best = min(seconds, key=seconds.get)
-        if best == INT8_KERNELS:
-            others = min(t for kernels, t in seconds.items() if kernels != INT8_KERNELS)
-            if seconds[best] > INT8_MARGIN * others:
-                best = min((k for k in seconds if k != INT8_KERNELS), key=seconds.get)
+        exact = [k for k in seconds if k not in ROUNDED_KERNELS]
+        if best in ROUNDED_KERNELS and seconds[best] > INT8_MARGIN * min(seconds[k] for k in exact):
+            best = min(exact, key=seconds.get)
         said = ", ".join(f"{seconds[k] * 1e3:.1f} ms {KERNEL_WORDS[k]}" for k in DRAFT_KERNELS if k in seconds)
         return DraftKernelChoice(best, f"{best}: the fastest here, a drafting step {said}", seconds)
     return cached(name, recalibrate, measure, read, lambda seconds: seconds, "the draft head's kernels")

@@ -13,9 +13,10 @@ from ..setup.hub import HUB_ENV, PRESETS, allow_hub, expand_preset
 from ..tree_search import SearchConfig, search_knobs
 
 DTYPE_CHOICES = ["auto", "fast", "fp32", "bf16", "fp16", "float32", "bfloat16", "float16"]
-DRAFT_KERNELS_HELP = ("how DART's head drafts: 'native' (our C layer, bf16 weights), 'int8' (an int8 copy of the head), "
-                      "'fp32' (torch, the head as it is), or 'auto' (the default): the fastest of those measured on "
-                      "this CPU; the emitted tokens never depend on it (the target verifies every draft)")
+DRAFT_KERNELS_HELP = ("how DART's head drafts: 'native' (our C layer, bf16 weights), 'native-int8' (our C layer, int8 "
+                      "weights), 'int8' (torch, an int8 copy of the head), 'fp32' (torch, the head as it is), or "
+                      "'auto' (the default): the fastest of those measured on this CPU (int8 weights only by a "
+                      "margin); the emitted tokens never depend on it (the target verifies every draft)")
 DTYPE_HELP = ("'auto' (the default): fp32, the dtype in which DART is token-identical to plain decoding; 'fast': the "
               "dtype measured fastest here (bf16 only where it beats fp32; not token-identical); or fp32, bf16, fp16 "
               "(the choice and why are in --json)")
