@@ -118,13 +118,18 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, head_dim] in fp32 of the rotary embedding at `positions` [T]."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.float()[:, None] * inv_freq[None]          # [T, head_dim/2]
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos(), emb.sin()
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding (Llama's rotate-half form). x: [heads, T, head_dim], positions: [T]."""
     hd = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
-    angles = positions.float()[:, None] * inv_freq[None]          # [T, hd/2]
-    emb = torch.cat([angles, angles], dim=-1)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    cos, sin = (t.to(x.dtype) for t in rope_tables(positions, hd, theta))
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 

@@ -17,43 +17,27 @@ import weakref
 
 import torch
 
-from .draft_head import DraftHead
+from .draft_head import DraftHead, rope_tables
+from .lean_forward import StaticKV
+from .lean_native import head_size_refused, kernels_unbuilt
 from .machine import few_rows
 from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel
 from .machine.hardware import Hardware
+from .machine.records import NATIVE_INT8_KERNELS, NATIVE_KERNELS
 
 MIN_CACHE = 256          # positions a draft cache starts with (it doubles when a run goes past it)
+WEIGHTS = {NATIVE_KERNELS: torch.bfloat16, NATIVE_INT8_KERNELS: torch.int8}   # the products' weights, by kernels
 
 
 def unsupported(head: DraftHead, hardware: Hardware) -> str | None:
     """Why the C layer cannot draft with `head` on `hardware`, or None when it can."""
     if not hardware.is_cpu or head.mask_embed.device.type != "cpu":
         return "the C layer drafts on a CPU"
-    if not hardware.few_rows or "few_rows" in hardware.stand_ins:
-        return "our kernels are not built here"
-    c = head.config
-    if c.head_dim % 16 or c.head_dim > 512:
-        return f"head size {c.head_dim} (the C layer takes multiples of 16 up to 512)"
-    return None
-
-
-class NativeDraftCache:
-    """The keys and values of the head's real positions, [2, KV, capacity, head_dim], written in place."""
-
-    def __init__(self, kv_heads: int, head_dim: int):
-        self.kv = torch.zeros(2, kv_heads, MIN_CACHE, head_dim)
-        self.length = 0
-
-    def reserve(self, size: int) -> None:
-        capacity = self.kv.shape[2]
-        if size > capacity:
-            grown = torch.zeros(2, self.kv.shape[1], max(size, 2 * capacity), self.kv.shape[3])
-            grown[:, :, : self.length] = self.kv[:, :, : self.length]
-            self.kv = grown
+    return kernels_unbuilt(hardware) or head_size_refused(head.config.head_dim)
 
 
 class NativeDraftHead:
-    """`head` packed for the C layer: `step` is DraftHead.forward for inference, on a NativeDraftCache."""
+    """`head` packed for the C layer: `step` is DraftHead.forward for inference, on a one-layer StaticKV (fp32)."""
 
     def __init__(self, head: DraftHead, kernel: FewRowsKernel, out_weight: torch.Tensor | None = None,
                  weights: torch.dtype = torch.bfloat16):
@@ -81,22 +65,19 @@ class NativeDraftHead:
         self.standardize = (flat(head.feature_mean), flat(head.feature_std)) if c.standardize_features else None
         self.cos = self.sin = torch.empty(0, c.head_dim)
 
-    def new_cache(self) -> NativeDraftCache:
-        return NativeDraftCache(self.config.num_kv_heads, self.config.head_dim)
+    def new_cache(self) -> StaticKV:
+        """The keys and values of the head's real positions (the slots' go after them, to be overwritten)."""
+        return StaticKV(1, self.config.num_kv_heads, self.config.head_dim, MIN_CACHE, torch.float32, "cpu")
 
     def _rotation(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [end - start, head_dim] of positions start..end-1, as draft_head.rope computes them."""
         if end > self.cos.shape[0]:
-            c = self.config
             size = max(end, 2 * self.cos.shape[0], MIN_CACHE)
-            inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
-            angles = torch.arange(size, dtype=torch.float32)[:, None] * inv_freq[None]
-            emb = torch.cat([angles, angles], dim=-1)
-            self.cos, self.sin = emb.cos().contiguous(), emb.sin().contiguous()
+            self.cos, self.sin = rope_tables(torch.arange(size), self.config.head_dim, self.config.rope_theta)
         return self.cos[start:end], self.sin[start:end]
 
     @torch.inference_mode()
-    def step(self, features: torch.Tensor, embeds: torch.Tensor, cache: NativeDraftCache) -> torch.Tensor:
+    def step(self, features: torch.Tensor, embeds: torch.Tensor, cache: StaticKV) -> torch.Tensor:
         """features [S, 3H] of the S newly committed tokens, embeds [S, H] of the tokens after them; appends the S
         positions to `cache` and returns the logits [K+1, Vd] (rows: the last real position, then the K slots)."""
         c, lib = self.config, self.kernel.lib
@@ -116,7 +97,7 @@ class NativeDraftHead:
         heads, kv_heads, d, inter = c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
         scratch = torch.empty(lib.lean_layer_scratch(n, H, heads, kv_heads, d, inter, P, threads))
         qkv, o, gate_up, down = (w.blocks.data_ptr() for w in self.layer)
-        cap, keys = cache.kv.shape[2], cache.kv.data_ptr()
+        cap, keys = cache.capacity, cache.kv.data_ptr()
         lib.lean_layer(h.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), None, None, qkv, None, None, o,
                        None, self.norms[2].data_ptr(), gate_up, down, keys, keys + kv_heads * cap * d * 4,
                        scratch.data_ptr(), n, H, 2 * H, heads, kv_heads, d, inter, P, cap, c.rms_eps, threads,

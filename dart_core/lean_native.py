@@ -32,19 +32,31 @@ HEAD_DIM_STEP, MAX_HEAD_DIM = 16, 512   # the head sizes the C attention takes (
 def unsupported(model, hardware) -> str | None:
     """Why the C layer cannot decode `model` (as loaded) on `hardware`, or None: the one test of TargetModel.use_lean
     and of the dtype choice."""
-    if not (hardware.is_cpu and hardware.few_rows) or "few_rows" in hardware.stand_ins:
+    if not hardware.is_cpu:
         return "our kernels are not built here"
-    why = LeanForward.unsupported(model)
+    why = kernels_unbuilt(hardware) or LeanForward.unsupported(model)
     if why is not None:
         return why
     weight = model.get_input_embeddings().weight
     if weight.dtype not in WEIGHT_DTYPES or weight.device.type != "cpu":
         return "the C layer runs fp32 and bf16 models on a CPU"
     heads, kv_heads, head_dim = attention_shape(model.config)
-    if head_dim % HEAD_DIM_STEP or head_dim > MAX_HEAD_DIM:
-        return f"head size {head_dim} (the C layer takes multiples of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM})"
     if heads % kv_heads:
         return f"{heads} query heads over {kv_heads} key/value heads"
+    return head_size_refused(head_dim)
+
+
+def kernels_unbuilt(hardware) -> str | None:
+    """Why our C kernels cannot run on `hardware` (a machine without them, or serving them by a stand-in), or None."""
+    if not hardware.few_rows or "few_rows" in hardware.stand_ins:
+        return "our kernels are not built here"
+    return None
+
+
+def head_size_refused(head_dim: int) -> str | None:
+    """Why the C attention cannot take heads of `head_dim`, or None."""
+    if head_dim % HEAD_DIM_STEP or head_dim > MAX_HEAD_DIM:
+        return f"head size {head_dim} (the C layer takes multiples of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM})"
     return None
 
 

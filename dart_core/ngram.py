@@ -45,7 +45,6 @@ class NGramModel:
             raise NGramError("need one key array and one count array per order")
         self.keys = [np.asarray(k, dtype=np.uint64) for k in keys]      # keys[k-1]: sorted packed k-grams
         self.counts = [np.asarray(c, dtype=np.int64) for c in counts]   # counts[k-1][i]: count of keys[k-1][i]
-        self.kernel = kernels_here()   # our C lookups where they are built (None: numpy's)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -89,8 +88,9 @@ class NGramModel:
         ctx_key = np.zeros(len(ctx), dtype=np.uint64)
         for j in range(ctx.shape[1]):
             ctx_key = (ctx_key << bits) | np.where(valid, ctx[:, j], 0).astype(np.uint64)
-        if self.kernel is not None:
-            return self._native_counts(ctx.shape[1], ctx_key, valid, tokens)
+        kernel = kernels_here()   # our C lookups where they are built (None: numpy's)
+        if kernel is not None:
+            return self._native_counts(kernel, ctx.shape[1], ctx_key, valid, tokens)
         den = np.where(valid, self._count(ctx.shape[1], ctx_key), 0).astype(np.float64)
         num = self._count(ctx.shape[1] + 1, (ctx_key[:, None] << bits) | tokens.astype(np.uint64))
         return (num * valid[:, None]).astype(np.float64), den
@@ -113,14 +113,14 @@ class NGramModel:
         p, m = self.lookup(np.asarray([ctx]), np.asarray([list(tokens)]))
         return p[0], m[0]
 
-    def _native_counts(self, m: int, ctx_key: np.ndarray, valid: np.ndarray, tokens: np.ndarray):
+    def _native_counts(self, kernel, m: int, ctx_key: np.ndarray, valid: np.ndarray, tokens: np.ndarray):
         B, T = tokens.shape
         ctx_key = np.ascontiguousarray(ctx_key, dtype=np.uint64)
         valid = np.ascontiguousarray(valid, dtype=np.uint8)
         tokens = np.ascontiguousarray(tokens, dtype=np.int64)
         num, den = np.empty((B, T)), np.empty(B)
         keys_m, keys_next = self.keys[m - 1], self.keys[m]
-        self.kernel.lib.ngram_counts(
+        kernel.lib.ngram_counts(
             ctx_key.ctypes.data, valid.ctypes.data, tokens.ctypes.data, B, T, self.bits,
             keys_m.ctypes.data, self.counts[m - 1].ctypes.data, keys_m.size,
             keys_next.ctypes.data, self.counts[m].ctypes.data, keys_next.size, num.ctypes.data, den.ctypes.data)

@@ -23,7 +23,7 @@ from .draft_head import DraftCache, DraftHead
 from .draft_kernels import int8_copy, int8_supported
 from .errors import ConfigError
 from .machine.kernels import onednn_applies, packed_linear
-from .machine.records import DRAFT_KERNELS, FP32_KERNELS, INT8_KERNELS, NATIVE_INT8_KERNELS, NATIVE_KERNELS
+from .machine.records import DRAFT_KERNELS, FP32_KERNELS, INT8_KERNELS
 from .methods import DART, DART_PLD, PLD, VANILLA
 from .ngram import NGramModel
 from .budget.step_budget import CurveFix, StepBudget
@@ -121,11 +121,10 @@ class HeadDrafter(Drafter):
         self.out_weight = None if head.lm_head is not None else (
             weight if head.d2t is None else weight[head.d2t.to(weight.device)])
         self.output, self.native, self.kernels = None, None, kernels
-        if kernels in (NATIVE_KERNELS, NATIVE_INT8_KERNELS):
+        if kernels in draft_native.WEIGHTS:
             if (why := draft_native.unsupported(head, target.hardware)) is not None:
                 raise ConfigError(f"the C layer cannot draft here: {why}")
-            weights = torch.int8 if kernels == NATIVE_INT8_KERNELS else torch.bfloat16
-            self.native = draft_native.packed(head, target.hardware, self.out_weight, weights)
+            self.native = draft_native.packed(head, target.hardware, self.out_weight, draft_native.WEIGHTS[kernels])
         elif kernels == INT8_KERNELS:
             if (why := int8_supported(target.hardware, head)) is not None:
                 raise ConfigError(f"an int8 draft head cannot run here: {why}")

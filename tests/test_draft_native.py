@@ -107,7 +107,7 @@ def test_the_cache_grows_and_keeps_what_it_holds(target):
     at_once = native.step(features, embeds, whole)
     native.step(features[:-1], embeds[:-1], stepped)
     assert torch.allclose(native.step(features[-1:], embeds[-1:], stepped), at_once, atol=1e-4, rtol=1e-4)
-    assert stepped.kv.shape[2] >= n and stepped.length == whole.length == n
+    assert stepped.capacity >= n and stepped.length == whole.length == n
     with torch.no_grad():
         head.lm_head.weight.mul_(2.0)                                      # the head changed: packed again
     assert draft_native.packed(head, target.hardware) is not native

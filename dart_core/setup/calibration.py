@@ -180,8 +180,8 @@ def draft_kernel_choice(head, target: TargetModel, mode: str = AUTO_KERNELS,
         steps = {FP32_KERNELS: lambda: head_step(head, out_weight, packed_linear(head.lm_head, hw)
                                                  if onednn_applies(head.lm_head, hw) else None),
                  INT8_KERNELS: lambda: head_step(int8_copy(head), out_weight),
-                 NATIVE_KERNELS: lambda: native_step(draft_native.packed(head, hw, out_weight)),
-                 NATIVE_INT8_KERNELS: lambda: native_step(draft_native.packed(head, hw, out_weight, torch.int8))}
+                 **{kernels: lambda weights=weights: native_step(draft_native.packed(head, hw, out_weight, weights))
+                    for kernels, weights in draft_native.WEIGHTS.items()}}
         return {kernels: time_drafting(*steps[kernels](), c) for kernels in runs}
 
     def read(seconds):
