@@ -103,17 +103,20 @@ def test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count(
     if kernel is None:
         return
     gen = torch.Generator().manual_seed(0)
-    w, b = kernel.pack(torch.randn(200, 96, generator=gen)), torch.randn(200, generator=gen)
-    x = torch.randn(13, 96, generator=gen)
-    together = kernel.linear(x, w, b)
-    assert all(torch.equal(kernel.linear(x[i: i + 1], w, b)[0], together[i]) for i in range(13))
-    assert torch.equal(kernel.linear(x[3:9], w, b), together[3:9])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(kernel.linear(x, w, b), together)
-    finally:
-        torch.set_num_threads(threads)
+    weight, b = torch.randn(200, 150, generator=gen), torch.randn(200, generator=gen)
+    x = torch.randn(21, 150, generator=gen)    # three passes of rows, over spans of inputs (the last a short one)
+    for dtype in few_rows.WEIGHT_KINDS:
+        w = kernel.pack(weight, dtype)
+        together = kernel.linear(x, w, b)
+        assert all(torch.equal(kernel.linear(x[i: i + 1], w, b)[0], together[i]) for i in range(21)), dtype
+        assert torch.equal(kernel.linear(x[3:9], w, b), together[3:9])
+        assert torch.equal(kernel.linear(x[2:15], w, b), together[2:15])
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            assert torch.equal(kernel.linear(x, w, b), together)
+        finally:
+            torch.set_num_threads(threads)
 
 
 def test_bad_inputs_are_refused_in_one_line():

@@ -15,6 +15,7 @@
 
    Built by dart_core/machine/few_rows.py with the C compiler at hand, for the CPU at hand (VW: 16 floats with
    AVX-512, else 8); threads from OpenMP (torch's own runtime, loaded first), their number passed by the caller. */
+#include <math.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -66,28 +67,32 @@ static inline vf load_i8(const signed char *p) {
 /* Blocks of VW outputs done together: as many as the registers hold with M accumulators each (at most 8). */
 #define NB_MAX(M) ((REGS - 1) / ((M) + 1))
 #define NB_FOR(M) (NB_MAX(M) > 8 ? 8 : (NB_MAX(M) < 1 ? 1 : NB_MAX(M)))
-#define MAX_ROWS 8    /* rows per pass; more rows take more passes over the same blocks */
-#define GROUP 16      /* blocks a thread finishes for every pass before the next: their weights stay in L2 */
+#define PASS_ROWS 8   /* rows per pass over a weight's blocks: more rows take more passes */
+/* Passes of more rows go over a block set SPAN inputs at a time: the first pass reads the span's weights from memory,
+   the others from L1, so memory stays busy (whole blocks per pass left it idle in every pass but the first: on the
+   AMX Xeon 16 rows took 1.6x one row, at most 1.1x with spans). */
+#define SPAN 64
 /* Each weight stream is prefetched this many vectors ahead: without it the products of 8-16 rows, busy computing,
    left the memory idle (on the AMX Xeon: 8 rows over 212 MB of weights 8.6 -> 7.0 ms, 1 row 6.3 -> 5.8 ms; 16 or 64
    ahead gained less, and the non-temporal hint made every product twice as slow). */
 #define PREFETCH 32
 
-/* y[n..] = v (times the outputs' scales s where the weights are int8) (+ b) */
+/* y[n..] = v (times the outputs' scales s where the weights are int8) (+ b). Scale and bias in one fmaf: left to the
+   compiler, whether they fuse would depend on the code around, and so would an output's last bit. */
 static inline void store(float *restrict y, vf v, long n, long N, const float *restrict b, const float *restrict s) {
-    for (int i = 0; i < VW && n + i < N; i++) {
-        float out = s ? v[i] * s[n + i] : v[i];
-        y[n + i] = b ? out + b[n + i] : out;
-    }
+    for (int i = 0; i < VW && n + i < N; i++)
+        y[n + i] = s && b ? fmaf(v[i], s[n + i], b[n + i]) : s ? v[i] * s[n + i] : b ? v[i] + b[n + i] : v[i];
 }
 
-#define BLOCKS(M, NB, LOAD)                                                                                         \
+/* M rows' sums over inputs k0 .. k1 - 1 for NB blocks from blk: started at zero (k0 = 0) or from `part`, kept in
+   `part` or (k1 = K) stored as outputs. Each output gets one FMA per input, in ascending order, whatever M. */
+#define UNIT(M, NB, LOAD)                                                                                     \
     {                                                                                                         \
         vf acc[M][NB];                                                                                        \
         _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                                                   \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[m][j] = (vf){0};                         \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[m][j] = k0 ? part[m * NB + j] : (vf){0}; \
         const __typeof__(*w) *wb = w + blk * K * VW;                                                          \
-        for (long k = 0; k < K; k++) {                                                                        \
+        for (long k = k0; k < k1; k++) {                                                                      \
             vf wv[NB];                                                                                        \
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) {                                            \
                 __builtin_prefetch(wb + (j * K + k + PREFETCH) * VW, 0, 3);                                   \
@@ -98,42 +103,55 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
                 _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[m][j] += xs * wv[j];                 \
             }                                                                                                 \
         }                                                                                                     \
-        for (int m = 0; m < M; m++)                                                                           \
-            for (int j = 0; j < NB; j++) store(y + m * N, acc[m][j], (blk + j) * VW, N, b, s);                \
+        if (k1 < K)                                                                                           \
+            _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                                               \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) part[m * NB + j] = acc[m][j];            \
+        else                                                                                                  \
+            for (int m = 0; m < M; m++)                                                                       \
+                for (int j = 0; j < NB; j++) store(y + m * N, acc[m][j], (blk + j) * VW, N, b, s);            \
     }
 
+/* One unit of M rows (M <= PASS_ROWS) on nb blocks: NB_FOR(M) (the most M rows take), NB_FOR(PASS_ROWS) (every pass's
+   when several share the blocks) or 1 (the few left at a group's end). */
 #define ROWS(M, WT, NAME, LOAD)                                                                               \
     static void NAME##_##M(const float *restrict x, const WT *restrict w, const float *restrict b,            \
-                           const float *restrict s, float *restrict y, long K, long N, long first, long end) {\
-        enum { NB = NB_FOR(M) };                                                                              \
-        long blk = first;                                                                                     \
-        for (; blk + NB <= end; blk += NB) BLOCKS(M, NB, LOAD)                                                \
-        for (; blk < end; blk++) BLOCKS(M, 1, LOAD)                                                           \
+                           const float *restrict s, float *restrict y, long K, long N, long blk, int nb,      \
+                           long k0, long k1, vf *restrict part) {                                             \
+        if (nb == NB_FOR(M)) UNIT(M, NB_FOR(M), LOAD)                                                         \
+        else if (nb == NB_FOR(PASS_ROWS)) UNIT(M, NB_FOR(PASS_ROWS), LOAD)                                    \
+        else UNIT(M, 1, LOAD)                                                                                 \
     }
 #define ALL_ROWS(WT, NAME, LOAD)                                                                              \
     ROWS(1, WT, NAME, LOAD) ROWS(2, WT, NAME, LOAD) ROWS(3, WT, NAME, LOAD) ROWS(4, WT, NAME, LOAD)           \
     ROWS(5, WT, NAME, LOAD) ROWS(6, WT, NAME, LOAD) ROWS(7, WT, NAME, LOAD) ROWS(8, WT, NAME, LOAD)           \
-    static void (*const NAME[MAX_ROWS + 1])(const float *, const WT *, const float *, const float *, float *,  \
-                                           long, long, long, long) = {0,        NAME##_1, NAME##_2, NAME##_3, \
-                                                                      NAME##_4, NAME##_5, NAME##_6, NAME##_7, \
-                                                                      NAME##_8};
+    static void (*const NAME[PASS_ROWS + 1])(const float *, const WT *, const float *, const float *, float *, \
+                                            long, long, long, int, long, long, vf *) = {                      \
+        0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6, NAME##_7, NAME##_8};
 ALL_ROWS(float, f32_rows, load_f32)
 ALL_ROWS(bf16, bf16_rows, load_bf16)
 ALL_ROWS(signed char, i8_rows, load_i8)
 
-/* Each thread takes a share of the blocks and, GROUP blocks at a time, every pass of MAX_ROWS rows over them. */
+/* Each thread takes a share of the blocks, a block set at a time. Rows that fit one pass go over each set once; more
+   rows go over it a span at a time, every pass per span, each pass's sums kept in `part` between spans. */
 #define LINEAR(BY_ROWS)                                                                                       \
-    long blocks = (N + VW - 1) / VW;                                                                          \
+    long blocks = (N + VW - 1) / VW, passes = (M + PASS_ROWS - 1) / PASS_ROWS;                                \
     _Pragma("omp parallel num_threads(threads)") {                                                            \
         int t = 0, T = 1;                                                                                     \
         THREAD_IDS(t, T)                                                                                      \
-        long lo = blocks * t / T, hi = blocks * (t + 1) / T;                                                  \
-        for (long g = lo; g < hi; g += GROUP) {                                                               \
-            long end = g + GROUP < hi ? g + GROUP : hi;                                                       \
-            for (long m0 = 0; m0 < M; m0 += MAX_ROWS) {                                                       \
-                long rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;                                            \
-                BY_ROWS[rows](x + m0 * K, w, b, s, y + m0 * N, K, N, g, end);                                 \
+        vf part[passes > 1 ? passes * PASS_ROWS * NB_FOR(PASS_ROWS) : 1];                                                     \
+        int full = passes > 1 ? NB_FOR(PASS_ROWS) : NB_FOR(M);                                                \
+        long lo = blocks * t / T, hi = blocks * (t + 1) / T, span = passes > 1 ? SPAN : K;                    \
+        for (long blk = lo; blk < hi;) {                                                                      \
+            int nb = blk + full <= hi ? full : 1;                                                             \
+            for (long k0 = 0; k0 < K; k0 += span) {                                                           \
+                long k1 = k0 + span < K ? k0 + span : K;                                                      \
+                for (long p = 0; p < passes; p++) {                                                           \
+                    long m0 = p * PASS_ROWS, rows = M - m0 < PASS_ROWS ? M - m0 : PASS_ROWS;                  \
+                    BY_ROWS[rows](x + m0 * K, w, b, s, y + m0 * N, K, N, blk, nb, k0, k1,                     \
+                                  part + p * PASS_ROWS * NB_FOR(PASS_ROWS));                                                  \
+                }                                                                                             \
             }                                                                                                 \
+            blk += nb;                                                                                        \
         }                                                                                                     \
     }
 #ifdef _OPENMP
