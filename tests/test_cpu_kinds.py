@@ -137,3 +137,14 @@ def test_a_limited_run_says_so_and_measures_apart(monkeypatch):
     free = detect()
     assert free.limits == ""
     assert _file_name("kernels", limited, []) != _file_name("kernels", free, [])   # no cache shared across kinds
+
+
+def test_a_measurement_of_our_kernels_is_not_read_once_their_sources_change(monkeypatch):
+    from dart_core.machine import few_rows
+    from dart_core.machine.hardware import Hardware
+    from dart_core.setup.calibration import _file_name
+    with_kernels, without = Hardware("cpu", few_rows=True), Hardware("cpu")
+    before, before_without = _file_name("cost", with_kernels, []), _file_name("cost", without, [])
+    monkeypatch.setattr(few_rows, "sources_digest", lambda: "other sources")
+    assert _file_name("cost", with_kernels, []) != before
+    assert _file_name("cost", without, []) == before_without    # measured without them: nothing to tell apart

@@ -171,11 +171,37 @@ static void rotate(float *x, const float *c, const float *s, long d) {
     for (long j = 0; j < d; j++) x[j] = t[j] * c[j] + (j < half ? -t[j + half] : t[j - half]) * s[j];
 }
 
+/* The weighted sums of values of m queries (weights: rows of sc, their totals in total) over slices slices of VW
+   floats from j0, into outs. Each query's sum runs entry by entry in the cache's order, held in registers; each slice
+   of a value is loaded once for all the queries. A query's sums do not depend on the others: an entry none of them
+   sees is skipped (adding its zero weight times a value changes nothing), one some see is added to all. */
+#define QUERY_CHUNK 4
+#define SLICES (VW == 16 ? 4 : 2)   /* with QUERY_CHUNK sums each, as many as the registers hold */
+static inline __attribute__((always_inline)) void sum_values(const float *sc, long stride, long m, long span,
+                                                             const float *V, long d, long j0, long slices,
+                                                             const float *total, float *const outs[]) {
+    vw acc[QUERY_CHUNK][SLICES] = {{{0}}}, v;
+    float p[QUERY_CHUNK];
+    for (long e = 0; e < span; e++) {
+        int seen = 0;
+        for (int r = 0; r < QUERY_CHUNK; r++) p[r] = r < m ? sc[r * stride + e] : 0.0f, seen |= p[r] != 0.0f;
+        if (!seen) continue;
+        for (long t = 0; t < slices; t++) {
+            memcpy(&v, V + e * d + j0 + t * VW, sizeof v);
+            for (int r = 0; r < QUERY_CHUNK; r++) acc[r][t] += p[r] * v;
+        }
+    }
+    for (long r = 0; r < m; r++)
+        for (long t = 0; t < slices; t++) {
+            acc[r][t] /= total[r];
+            memcpy(outs[r] + j0 + t * VW, &acc[r][t], sizeof acc[r][t]);
+        }
+}
+
 /* Up to QUERY_CHUNK queries of one KV group (the group's heads of some rows) over the cache entries each may see:
    every key and value is read once for all of them. Each query gets the same arithmetic as it would alone: its
    scores by score_block, its weights by exp_lanes, its sum of values in the entries' order. sc: QUERY_CHUNK
    rows of span + VW floats. */
-#define QUERY_CHUNK 4
 static void attend(const float *const qs[], float *const outs[], const long rows_of[], long m, const float *K,
                    const float *V, float *sc, long span, long past, long n, const unsigned char *block, long d,
                    float scale) {
@@ -212,27 +238,13 @@ static void attend(const float *const qs[], float *const outs[], const long rows
             memcpy(row + e0, &x, sizeof x);
         }
     }
-    /* each query's weighted sum of values, entry by entry in the cache's order, held in registers a VW-wide slice
-       at a time (a slice's sum does not depend on the others) */
-    for (long r = 0; r < m; r++) {
-        const float *p = sc + r * stride;
-        for (long e = 0; e < span; e++) total[r] += p[e];
-        for (long j0 = 0; j0 < d; j0 += 4 * VW) {
-            long slices = (d - j0) / VW < 4 ? (d - j0) / VW : 4;
-            vw acc[4] = {{0}}, v;
-            for (long e = 0; e < span; e++) {
-                if (p[e] == 0.0f) continue;
-                for (long t = 0; t < slices; t++) {
-                    memcpy(&v, V + e * d + j0 + t * VW, sizeof v);
-                    acc[t] += p[e] * v;
-                }
-            }
-            for (long t = 0; t < slices; t++) {
-                acc[t] /= total[r];
-                memcpy(outs[r] + j0 + t * VW, &acc[t], sizeof acc[t]);
-            }
-        }
-    }
+    for (long r = 0; r < m; r++)
+        for (long e = 0; e < span; e++) total[r] += sc[r * stride + e];
+    for (long j0 = 0; j0 < d; j0 += SLICES * VW)
+        if (d - j0 >= SLICES * VW)
+            sum_values(sc, stride, m, span, V, d, j0, SLICES, total, outs);
+        else
+            sum_values(sc, stride, m, span, V, d, j0, (d - j0) / VW, total, outs);
 }
 
 /* h [n, D]: the rows' hidden states, updated in place. x_in [n, Din]: the attention's input as it is, or NULL for

@@ -19,6 +19,7 @@ import torch
 from .. import draft_native
 from ..draft_kernels import head_step, int8_copy, int8_supported, native_step, time_drafting
 from ..errors import ConfigError
+from ..machine import few_rows
 from ..machine.hardware import Hardware
 from ..machine.kernels import KernelPlan, decoder_linears, measure_plan, onednn_applies, packed_linear, shape_key
 from ..machine.records import (AUTO_KERNELS, CURVE_CONTEXT, DRAFT_KERNEL_MODES, DRAFT_KERNELS, FP32_KERNELS,
@@ -63,7 +64,8 @@ def _file_name(what: str, hw: Hardware, depends_on: list) -> str:
     """A measurement's cache file: `what`, then a digest of the machine, torch and what else it depends on."""
     stand_ins = [list(hw.stand_ins)] if hw.stand_ins else []   # a test's simulated capabilities measure apart
     limits = [hw.limits] if hw.limits else []    # so do runs held to an older CPU kind (hardware.CPU_KINDS)
-    kernels = ["few_rows"] if hw.few_rows else []   # a plan measured without our kernel is not read where it is built
+    # a plan measured without our kernels is not read where they are built, nor one measured with other sources
+    kernels = ["few_rows", few_rows.sources_digest()] if hw.few_rows else []
     ident = json.dumps([FORMAT, what, hw.name, hw.capability, hw.threads, torch.__version__, *depends_on, *stand_ins,
                         *limits, *kernels])
     return f"{what}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
