@@ -5,7 +5,7 @@ from scipy.stats import chisquare
 from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from dart_core.acceptance import SamplingConfig, accept, processed_probs
+from dart_core.acceptance import SamplingConfig, accept, greedy_ids, processed_probs
 from dart_core.tree import TokenTree
 
 
@@ -35,6 +35,14 @@ def test_greedy_walks_the_argmax_path():
     logits[0, 3] = 1.0  # nothing matches at the root: only the bonus token
     res = accept(tree, logits, SamplingConfig())
     assert res.path == [0] and res.bonus == 3
+
+
+def test_greedy_ids_are_torchs_argmax_ties_included():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (64, 300), generator=gen).float()    # every row has many equal maxima
+    logits[3] = 0.0
+    assert torch.equal(greedy_ids(logits), logits.argmax(-1))
+    assert int(greedy_ids(logits[5])) == int(logits[5].argmax())
 
 
 def test_sampling_emits_the_target_distribution():
