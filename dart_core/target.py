@@ -66,6 +66,7 @@ class TargetModel:
         kernels for the lean forward's fused projections (none where the C layer computes them)."""
         why = LeanForward.unsupported(self.model) if on else "off by request"
         self.lean = LeanForward(self.model, self.taps) if why is None else None
+        self._lean_made = (_weight_versions(self.model), graphs)
         if self.lean is not None and not graphs:
             self.lean.graphs = OFF
         if self.lean is not None and graphs and native_unsupported(self.model, self.hardware) is None:
@@ -104,8 +105,18 @@ class TargetModel:
         """An empty KV cache for one decode: static (allocated once for `capacity` tokens, grown if a run outlives
         it) under the lean forward, transformers' DynamicCache otherwise."""
         if self.lean is not None:
+            self._refresh_lean()
             return self.lean.new_cache(capacity)
         return DynamicCache(config=self.config)
+
+    def _refresh_lean(self) -> None:
+        """The lean forward decodes from copies of the weights (fused projections, the C layer's packing): where the
+        model's weights changed in place since they were made, they are made again before the next decode."""
+        versions, graphs = self._lean_made
+        if _weight_versions(self.model) != versions:
+            plan = self.fast_linears.plan if self.fast_linears is not None else None
+            self.use_lean(True, graphs)
+            self.use_kernels(plan)
 
     def release(self, cache: DynamicCache | StaticKV) -> None:
         """The decode that used `cache` is over (a static cache is kept for the next one)."""
@@ -249,3 +260,8 @@ def _logits_are_output_layer(target: TargetModel) -> bool:
         return torch.allclose(head(hidden).float(), logits.float(), rtol=1e-2, atol=1e-2)
     except (RuntimeError, TypeError, AttributeError):
         return False
+
+
+def _weight_versions(model) -> tuple[int, ...]:
+    """Every parameter's version counter: it moves with each in-place change of the weights."""
+    return tuple(p._version for p in model.parameters())

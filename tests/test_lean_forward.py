@@ -67,6 +67,22 @@ def test_prefill_tree_verify_and_commit_match_transformers_forward(family, graph
     assert caches[1].get_seq_length() == len(ids) + 4 + 3
 
 
+def test_weights_changed_in_place_are_read_from_the_next_decode_on():
+    """The lean forward decodes from copies of the weights (fused, packed for the C layer): a model changed in place
+    after loading (a fine-tune step, an edit) gets them made again, not stale logits."""
+    plain, lean = lean_pair("qwen3", graphs=NATIVE)
+    for target in (plain, lean):
+        with torch.no_grad():
+            for name, p in target.model.named_parameters():
+                if "down_proj" in name or "k_proj" in name:
+                    p.mul_(1.5)
+    caches = plain.new_cache(), lean.new_cache()
+    ids, tree = list(range(5, 25)), TokenTree([7, 8, 9, 10], [-1, 0, 0, 1])
+    for method, args in (("prefill", (ids,)), ("verify", (tree,))):
+        (la, _), (lb, _) = (getattr(t, method)(*args, c) for t, c in zip((plain, lean), caches))
+        close(la, lb)
+
+
 def test_the_static_cache_refuses_edits_outside_what_it_holds():
     cache = StaticKV(layers=2, kv_heads=1, head_dim=4, capacity=4, dtype=torch.float32, device="cpu")
     cache.length = 3
