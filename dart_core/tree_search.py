@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-import ctypes
-
 import numpy as np
 
+from . import tree_search_native
 from .errors import ConfigError
 from .machine.hardware import kernels_here
 from .ngram import NGramModel
@@ -196,66 +195,16 @@ def _tail(context: list[int], ngram) -> list[int]:
 def _search_in_c(kernel, rows_tokens, rows_probs, context, cfg, ngram, eos_ids, node_budget) -> SearchResult:
     budget = cfg.node_budget if node_budget is None else min(node_budget, cfg.node_budget)
     R, k = rows_tokens.shape
-    k = min(k, cfg.topk)
     if budget <= 0 or R == 0:
         return _empty(context)
-    tokens = np.ascontiguousarray(rows_tokens, dtype=np.int64)
-    probs = np.ascontiguousarray(rows_probs, dtype=np.float64)
-    tail = np.asarray(_tail(context, ngram), dtype=np.int64)
-    weights = [np.asarray([f(level) for level in range(R)], dtype=np.float64)
-               for f in (cfg.level_weight, cfg.logit_weight)]
-    eos = np.asarray(sorted(eos_ids), dtype=np.int64)
-    size = k * (1 + (R - 1) * cfg.beam_width)
-    table = {name: np.empty(size, dtype) for name, dtype in _C_COLUMNS.items()}
-    kept, n_kept = np.empty(max(budget, 1), dtype=np.int64), ctypes.c_long()
-    n = kernel.lib.dart_search(
-        tokens.ctypes.data, probs.ctypes.data, R, tokens.shape[1], k, tail.ctypes.data, tail.size,
-        weights[0].ctypes.data, weights[1].ctypes.data, cfg.ngram_weight, cfg.eps, int(cfg.ngram_first_level),
-        cfg.beam_width, budget, eos.ctypes.data, eos.size, _c_table(ngram),
-        *(table[name].ctypes.data for name in _C_COLUMNS), kept.ctypes.data, ctypes.byref(n_kept))
-    table = {name: col[:n] for name, col in table.items()}
-    kept = kept[: n_kept.value]
+    table, kept = tree_search_native.beam_search(kernel, rows_tokens, rows_probs, min(k, cfg.topk),
+                                                 _tail(context, ngram), cfg, eos_ids, ngram, budget)
     cand = _make_candidates(table, kept, budget)
     return SearchResult(_tree_from_kept(int(context[-1]), table["token"], table["parent"], kept), cand, kept)
 
 
-# tree_search.c's columns, in its order, as it writes them
-_C_COLUMNS = {"token": np.int64, "level": np.int32, "parent": np.int32, "draft_prob": np.float64,
-              "logit_term": np.float64, "ngram_prob": np.float64, "ngram_match": np.int8, "ngram_term": np.float64,
-              "level_weight": np.float64, "score": np.float64, "beam": np.int8}
-
-
-class _CTable(ctypes.Structure):
-    _fields_ = [("order", ctypes.c_int), ("bits", ctypes.c_int), ("keys", ctypes.POINTER(ctypes.c_void_p)),
-                ("counts", ctypes.POINTER(ctypes.c_void_p)), ("sizes", ctypes.POINTER(ctypes.c_long)),
-                ("starts", ctypes.POINTER(ctypes.c_void_p))]
-
-
-def _c_table(ngram: NGramModel | None):
-    """`ngram`'s tables as tree_search.c reads them (made once per model; None: no n-gram)."""
-    if ngram is None:
-        return None
-    made = ngram.__dict__.get("_c_table")
-    if made is None:
-        order = ngram.order
-        keys = (ctypes.c_void_p * order)(*(k.ctypes.data for k in ngram.keys))
-        counts = (ctypes.c_void_p * order)(*(c.ctypes.data for c in ngram.counts))
-        sizes = (ctypes.c_long * order)(*(k.size for k in ngram.keys))
-        firsts = [_first_token_starts(k, ngram.vocab_size, ngram.bits * i) for i, k in enumerate(ngram.keys)]
-        starts = (ctypes.c_void_p * order)(*(f.ctypes.data for f in firsts))
-        made = (_CTable(order, ngram.bits, keys, counts, sizes, starts), keys, counts, sizes, starts, firsts)
-        ngram.__dict__["_c_table"] = made
-    return ctypes.byref(made[0])
-
-
-def _first_token_starts(keys: np.ndarray, vocab_size: int, shift: int) -> np.ndarray:
-    """[vocab + 1]: where the keys whose first token is each token start (the last: the end)."""
-    firsts = np.arange(vocab_size, dtype=np.uint64) << np.uint64(shift)
-    return np.append(np.searchsorted(keys, firsts), keys.size).astype(np.int64)
-
-
 def _empty(context: list[int]) -> SearchResult:
-    cols = {name: np.zeros(0, dtype=np.int8 if name == "beam" else np.float64) for name in _C_COLUMNS}
+    cols = {name: np.zeros(0, dtype=np.int8 if name == "beam" else np.float64) for name in tree_search_native.COLUMNS}
     cand = _make_candidates(cols, np.zeros(0, dtype=np.int64), 0)
     return SearchResult(TokenTree([int(context[-1])], [-1]), cand, np.zeros(0, dtype=np.int64))
 
