@@ -247,6 +247,16 @@ static void attend(const float *const qs[], float *const outs[], const long rows
             sum_values(sc, stride, m, span, V, d, j0, (d - j0) / VW, total, outs);
 }
 
+/* Prefetches into L2 the share of a packed weight [K -> N] that thread t of T computes in few_rows_linear: done as
+   the attention starts, it lets memory fetch the output projection's weights while the attention computes on the
+   cache (on the AMX Xeon a forward of 1-16 rows 0.5 ms sooner, 3%). */
+static void prefetch_share(const void *w, int weights, long K, long N, int t, int T) {
+    long blocks = (N + VW - 1) / VW, size = weights == INT8_WEIGHTS ? 1 : weights == BF16_WEIGHTS ? 2 : 4;
+    const char *p = (const char *)w + blocks * t / T * K * VW * size;
+    const char *end = (const char *)w + blocks * (t + 1) / T * K * VW * size;
+    for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
+}
+
 /* h [n, D]: the rows' hidden states, updated in place. x_in [n, Din]: the attention's input as it is, or NULL for
    the norm of h (Din = D). cos, sin [n, d]. block [n, n] (1: row i sees row j of the
    block) or NULL for a causal block; every row sees the `past` cache entries. k_cache, v_cache: this layer's
@@ -281,7 +291,14 @@ void lean_layer(float *h, const float *x_in, const float *cos_, const float *sin
     long per_group = n * rep, chunk = QUERY_CHUNK;
     while (chunk > 1 && KV * ((per_group + chunk - 1) / chunk) < 2 * threads) chunk--;
     long chunks = (per_group + chunk - 1) / chunk;
-#pragma omp parallel for num_threads(threads) schedule(static) if (n * H * span >= 1024)
+#pragma omp parallel num_threads(threads) if (n * H * span >= 1024)
+    {
+        int t = 0, T = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num(), T = omp_get_num_threads();
+#endif
+        prefetch_share(o_w, weights, H * d, D, t, T);
+#pragma omp for schedule(static)
     for (long task = 0; task < KV * chunks; task++) {
         long g = task / chunks, r0 = (task % chunks) * chunk;
         long m = per_group - r0 < chunk ? per_group - r0 : chunk;
@@ -292,12 +309,9 @@ void lean_layer(float *h, const float *x_in, const float *cos_, const float *sin
             long i = (r0 + r) / rep, hh = g * rep + (r0 + r) % rep;
             qs[r] = qkv + i * qkv_n + hh * d, outs[r] = att + i * H * d + hh * d, rows_of[r] = i;
         }
-        int t = 0;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-#endif
         attend(qs, outs, rows_of, m, k_cache + g * cap * d, v_cache + g * cap * d,
                scores + t * QUERY_CHUNK * (span + VW), span, past, n, block, d, scale);
+    }
     }
     linear(att, o_w, o_b, tmp, n, H * d, D, threads, weights);
     for (long j = 0; j < n * D; j++) h[j] += tmp[j];
