@@ -45,7 +45,6 @@ typedef float v8 __attribute__((vector_size(32)));
 typedef float vw __attribute__((vector_size(VW * 4)));
 typedef int vi __attribute__((vector_size(VW * 4)));
 #define MAX_HEAD_DIM 512
-static const float ZERO_ROW[MAX_HEAD_DIM];   /* the keys of a block's slots past the last entry */
 
 /* Lane l of the result: the sum of v[l]'s lanes, by one tree of additions that is the same for every l. */
 static inline vw reduce_lanes(const vw v[VW]) {
@@ -80,14 +79,15 @@ static inline vw reduce_lanes(const vw v[VW]) {
 #endif
 }
 
-/* q against the keys of VW entries (rows[l]): each score by the same products and the same tree of sums. */
-static inline vw score_block(const float *q, const float *const rows[VW], long d) {
+/* q against the keys of VW entries (rows of d floats from keys): each score by the same products and the same tree
+   of sums. */
+static inline vw score_block(const float *q, const float *keys, long d) {
     vw acc[VW], qc, kc;
     for (int l = 0; l < VW; l++) acc[l] = (vw){0};
     for (long c = 0; c < d; c += VW) {
         memcpy(&qc, q + c, sizeof qc);
         for (int l = 0; l < VW; l++) {
-            memcpy(&kc, rows[l] + c, sizeof kc);
+            memcpy(&kc, keys + l * d + c, sizeof kc);
             acc[l] += qc * kc;
         }
     }
@@ -171,31 +171,34 @@ static void rotate(float *x, const float *c, const float *s, long d) {
     for (long j = 0; j < d; j++) x[j] = t[j] * c[j] + (j < half ? -t[j + half] : t[j - half]) * s[j];
 }
 
-/* The weighted sums of values of m queries (weights: rows of sc, their totals in total) over slices slices of VW
-   floats from j0, into outs. Each query's sum runs entry by entry in the cache's order, held in registers; each slice
-   of a value is loaded once for all the queries. A query's sums do not depend on the others: an entry none of them
-   sees is skipped (adding its zero weight times a value changes nothing), one some see is added to all. */
+/* The weighted sums of values of m queries (weights: rows of sc) over slices slices of VW floats from j0, into outs,
+   divided by each query's total weight (summed here when j0 is 0, into total, entry by entry: the order does not
+   depend on where the entries it sees sit). Each query's sum runs entry by entry in the cache's order, held in
+   registers; each slice
+   of a value is loaded once for all the queries. A query's sums do not depend on the others: an entry it does not
+   see adds its weight, exactly zero, times a value, which changes nothing. */
 #define QUERY_CHUNK 4
 #define SLICES (VW == 16 ? 4 : 2)   /* with QUERY_CHUNK sums each, as many as the registers hold */
 static inline __attribute__((always_inline)) void sum_values(const float *sc, long stride, long m, long span,
                                                              const float *V, long d, long j0, long slices,
-                                                             const float *total, float *const outs[]) {
+                                                             float *total, float *const outs[]) {
     vw acc[QUERY_CHUNK][SLICES] = {{{0}}}, v;
-    float p[QUERY_CHUNK];
+    float p[QUERY_CHUNK], sum[QUERY_CHUNK] = {0};
     for (long e = 0; e < span; e++) {
-        int seen = 0;
-        for (int r = 0; r < QUERY_CHUNK; r++) p[r] = r < m ? sc[r * stride + e] : 0.0f, seen |= p[r] != 0.0f;
-        if (!seen) continue;
+        for (int r = 0; r < QUERY_CHUNK; r++) p[r] = r < m ? sc[r * stride + e] : 0.0f, sum[r] += p[r];
         for (long t = 0; t < slices; t++) {
             memcpy(&v, V + e * d + j0 + t * VW, sizeof v);
             for (int r = 0; r < QUERY_CHUNK; r++) acc[r][t] += p[r] * v;
         }
     }
-    for (long r = 0; r < m; r++)
+    for (long r = 0; r < m; r++) {
+        if (j0 == 0)
+            total[r] = sum[r];
         for (long t = 0; t < slices; t++) {
             acc[r][t] /= total[r];
             memcpy(outs[r] + j0 + t * VW, &acc[r][t], sizeof acc[r][t]);
         }
+    }
 }
 
 /* Up to QUERY_CHUNK queries of one KV group (the group's heads of some rows) over the cache entries each may see:
@@ -205,41 +208,42 @@ static inline __attribute__((always_inline)) void sum_values(const float *sc, lo
 static void attend(const float *const qs[], float *const outs[], const long rows_of[], long m, const float *K,
                    const float *V, float *sc, long span, long past, long n, const unsigned char *block, long d,
                    float scale) {
-    const float *rows[VW];
     long stride = span + VW;
-    float best[QUERY_CHUNK], total[QUERY_CHUNK];
-    for (long r = 0; r < m; r++) best[r] = -INFINITY, total[r] = 0.0f;
+    float total[QUERY_CHUNK], tail[VW * MAX_HEAD_DIM];
+    vw best[QUERY_CHUNK];
+    for (long r = 0; r < m; r++) best[r] = (vw){0} - INFINITY;
     for (long e0 = 0; e0 < span; e0 += VW) {
-        for (int l = 0; l < VW; l++) rows[l] = e0 + l < span ? K + (e0 + l) * d : ZERO_ROW;
+        const float *keys = K + e0 * d;
+        if (e0 + VW > span) {   /* the last block: its keys past the last entry are zeros */
+            memset(tail, 0, sizeof(float) * VW * d);
+            memcpy(tail, keys, sizeof(float) * (span - e0) * d);
+            keys = tail;
+        }
         for (long r = 0; r < m; r++) {
-            vw s = score_block(qs[r], rows, d);
-            long i = rows_of[r];
-            float *row = sc + r * stride;
-            if (e0 + VW <= past) {   /* every entry of the block is seen: one vector (the maximum in any order) */
-                s *= scale;
-                memcpy(row + e0, &s, sizeof s);
-                for (int l = 0; l < VW; l++) best[r] = s[l] > best[r] ? s[l] : best[r];
-                continue;
+            vw s = score_block(qs[r], keys, d) * scale;
+            if (e0 + VW > past) {   /* entries of the block the row's query may not see: -inf */
+                long i = rows_of[r];
+                for (int l = 0; l < VW; l++) {
+                    long e = e0 + l;
+                    int seen = e < past || (e < span && (block ? block[i * n + (e - past)] != 0 : e - past <= i));
+                    s[l] = seen ? s[l] : -INFINITY;
+                }
             }
-            for (int l = 0; l < VW; l++) {
-                long e = e0 + l;
-                int seen = e < past || (e < span && (block ? block[i * n + (e - past)] != 0 : e - past <= i));
-                row[e] = seen ? s[l] * scale : -INFINITY;
-                best[r] = row[e] > best[r] ? row[e] : best[r];
-            }
+            memcpy(sc + r * stride + e0, &s, sizeof s);
+            vi above = s > best[r];   /* the maximum, lane by lane: exact in any order */
+            best[r] = (vw)(((vi)s & above) | ((vi)best[r] & ~above));
         }
     }
     for (long r = 0; r < m; r++) {
-        float *row = sc + r * stride;
+        float *row = sc + r * stride, top = -INFINITY;
+        for (int l = 0; l < VW; l++) top = best[r][l] > top ? best[r][l] : top;
         for (long e0 = 0; e0 < span; e0 += VW) {
             vw x;
             memcpy(&x, row + e0, sizeof x);
-            x = exp_lanes(x - best[r]);
+            x = exp_lanes(x - top);
             memcpy(row + e0, &x, sizeof x);
         }
     }
-    for (long r = 0; r < m; r++)
-        for (long e = 0; e < span; e++) total[r] += sc[r * stride + e];
     for (long j0 = 0; j0 < d; j0 += SLICES * VW)
         if (d - j0 >= SLICES * VW)
             sum_values(sc, stride, m, span, V, d, j0, SLICES, total, outs);
