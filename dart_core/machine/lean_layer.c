@@ -174,9 +174,8 @@ static void rotate(float *x, const float *c, const float *s, long d) {
 /* The weighted sums of values of m queries (weights: rows of sc) over slices slices of VW floats from j0, into outs,
    divided by each query's total weight (summed here when j0 is 0, into total, entry by entry: the order does not
    depend on where the entries it sees sit). Each query's sum runs entry by entry in the cache's order, held in
-   registers; each slice
-   of a value is loaded once for all the queries. A query's sums do not depend on the others: an entry it does not
-   see adds its weight, exactly zero, times a value, which changes nothing. */
+   registers; each slice of a value is loaded once for all the queries. A query's sums do not depend on the others:
+   an entry it does not see adds its weight, exactly zero, times a value, which changes nothing. */
 #define QUERY_CHUNK 4
 #define SLICES (VW == 16 ? 4 : 2)   /* with QUERY_CHUNK sums each, as many as the registers hold */
 static inline __attribute__((always_inline)) void sum_values(const float *sc, long stride, long m, long span,
