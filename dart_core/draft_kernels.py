@@ -76,9 +76,12 @@ def native_step(native):
 
 
 @torch.inference_mode()
-def time_drafting(step, new_cache, config, committed: int = 3, context: int = 128, rounds: int = 5) -> float:
+def time_drafting(step, new_cache, config, committed: int = 3, context: int = 128, rounds: int = 5,
+                  before=None) -> float:
     """Seconds of one drafting step(features, embeds, cache) of a head of `config` (the best of `rounds`):
-    `committed` new tokens after `context` cached ones, random inputs (the cost does not depend on the values)."""
+    `committed` new tokens after `context` cached ones, random inputs (the cost does not depend on the values).
+    before: called before each timed step, to leave the caches as decoding leaves them (a target forward has
+    streamed its weights through them); None: the head's weights stay cached."""
     gen = torch.Generator().manual_seed(0)
     features = torch.randn(context + committed, 3 * config.hidden_size, generator=gen)
     embeds = torch.randn(context + committed, config.hidden_size, generator=gen)
@@ -86,6 +89,8 @@ def time_drafting(step, new_cache, config, committed: int = 3, context: int = 12
     for i in range(rounds + 1):   # the first is a warm-up
         cache = new_cache()
         step(features[:context], embeds[:context], cache)
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         step(features[context:], embeds[context:], cache)
         if i:

@@ -10,7 +10,7 @@ import torch
 from dart_core.acceptance import SamplingConfig
 from dart_core.decoding import GenerationConfig, run
 from dart_core.draft_head import DraftCache
-from dart_core.draft_kernels import int8_copy, int8_supported
+from dart_core.draft_kernels import int8_copy, int8_supported, time_drafting
 from dart_core.errors import ConfigError
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup import calibration
@@ -108,7 +108,13 @@ def test_auto_takes_the_fastest_kernels_measured_and_int8_only_by_a_margin(targe
     monkeypatch.setattr(calibration, "int8_supported", lambda hw, h: None)
     monkeypatch.setattr(calibration, "int8_copy", lambda h: "an int8 copy")
     seconds = {}
-    monkeypatch.setattr(calibration, "time_drafting", lambda step, new_cache, config: seconds[step])
+    forwards = []
+
+    def timed(step, new_cache, config, before):
+        before()     # each step timed after a target forward, as decoding runs it
+        forwards.append(step)
+        return seconds[step]
+    monkeypatch.setattr(calibration, "time_drafting", timed)
     monkeypatch.setattr(calibration, "head_step", lambda h, out_weight=None, output=None:
                         ("int8" if h is not head else "fp32", None))
     monkeypatch.setattr(calibration, "native_step", lambda native: (native, None))
@@ -117,6 +123,7 @@ def test_auto_takes_the_fastest_kernels_measured_and_int8_only_by_a_margin(targe
     seconds.update(fp32=0.010, native=0.003, int8=0.004)
     seconds["native-int8"] = 0.0029
     choice = draft_kernel_choice(head, target)
+    assert len(forwards) == 4
     assert choice.kernels == "native" and choice.reason == (
         "native: the fastest here, a drafting step 3.0 ms in bf16 through our C layer, 2.9 ms in int8 through our C "
         "layer, 4.0 ms in int8, 10.0 ms in fp32")                   # int8 weights only by the margin
@@ -125,3 +132,12 @@ def test_auto_takes_the_fastest_kernels_measured_and_int8_only_by_a_margin(targe
     assert draft_kernel_choice(head, target, recalibrate=True).kernels == "native-int8"   # 2.9 <= 0.9 * 9.0
     seconds.update({"native-int8": 0.0085, "int8": 0.0086})   # int8 weights barely faster: not enough
     assert draft_kernel_choice(head, target, recalibrate=True).kernels == "native"
+
+
+def test_a_drafting_step_is_timed_after_what_runs_before_it():
+    target = tiny_target("llama", seed=4)
+    head = random_head(target, n_mask=3)
+    calls = []
+    step = lambda features, embeds, cache: calls.append(len(features))   # noqa: E731
+    time_drafting(step, DraftCache, head.config, committed=2, context=8, rounds=3, before=lambda: calls.append("before"))
+    assert calls == [8, "before", 2] * 4     # the warm-up and three rounds, each timed step after `before`
