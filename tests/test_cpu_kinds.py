@@ -64,6 +64,7 @@ ON_ANY_CPU = [
     "tests/test_dtype_choice.py::test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster",
     "tests/test_dtype_choice.py::test_train_and_train_data_default_to_the_measured_dtype",
     "tests/test_draft_kernels.py::test_auto_takes_the_fastest_kernels_measured_and_int8_only_by_a_margin",
+    "tests/test_draft_kernels.py::test_a_drafting_step_is_timed_after_what_runs_before_it",
     "tests/test_draft_native.py::test_where_it_cannot_run_it_says_why",
     "tests/test_few_rows.py::test_bad_inputs_are_refused_in_one_line",
     "tests/test_few_rows.py::test_a_build_that_cannot_happen_says_why",

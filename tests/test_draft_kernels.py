@@ -139,5 +139,6 @@ def test_a_drafting_step_is_timed_after_what_runs_before_it():
     head = random_head(target, n_mask=3)
     calls = []
     step = lambda features, embeds, cache: calls.append(len(features))   # noqa: E731
-    time_drafting(step, DraftCache, head.config, committed=2, context=8, rounds=3, before=lambda: calls.append("before"))
+    time_drafting(step, DraftCache, head.config, committed=2, context=8, rounds=3,
+                  before=lambda: calls.append("before"))
     assert calls == [8, "before", 2] * 4     # the warm-up and three rounds, each timed step after `before`
