@@ -22,6 +22,7 @@ import torch
 
 from .draft_head import DraftCache, DraftHead
 from .machine.hardware import Hardware
+from .machine.kernels import weights_version
 
 # The head's linears that are quantized: all of them (the norms and the mask embedding stay as they are).
 LINEARS = ("fc", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
@@ -42,7 +43,7 @@ def int8_supported(hardware: Hardware, head: DraftHead) -> str | None:
 def int8_copy(head: DraftHead) -> DraftHead:
     """A copy of `head` with its linears in int8 (the head itself is left as it is: training uses it). Made once per
     head and kept while its weights are unchanged: the app builds a drafter for every run."""
-    version = tuple(p._version for p in head.parameters())
+    version = weights_version(head)
     known = _COPIES.get(head)
     if known is not None and known[0] == version:
         return known[1]

@@ -23,6 +23,7 @@ from .lean_native import head_size_refused, kernels_unbuilt
 from .machine import few_rows
 from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel
 from .machine.hardware import Hardware
+from .machine.kernels import weights_version
 from .machine.records import NATIVE_INT8_KERNELS, NATIVE_KERNELS
 
 MIN_CACHE = 256          # positions a draft cache starts with (it doubles when a run goes past it)
@@ -116,7 +117,7 @@ def packed(head: DraftHead, hardware: Hardware, out_weight: torch.Tensor | None 
     """`head` packed for the C layer built for `hardware` (where `unsupported` says it can run), in `weights`; made
     once per head and weights, and kept while the head's weights are unchanged (the app builds a drafter for every
     run)."""
-    key = (tuple(p._version for p in head.parameters()), hardware.kind)
+    key = (weights_version(head), hardware.kind)
     made = _PACKED.setdefault(head, {})
     known = made.get(weights)
     if known is not None and known[0] == key and known[1] is out_weight:

@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from .machine.hardware import Hardware, detect
-from .machine.kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies
+from .machine.kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies, weights_version
 from .lean_forward import OFF, LeanForward, StaticKV
 from .lean_native import NativeLayers
 from .lean_native import unsupported as native_unsupported
@@ -66,7 +66,7 @@ class TargetModel:
         kernels for the lean forward's fused projections (none where the C layer computes them)."""
         why = LeanForward.unsupported(self.model) if on else "off by request"
         self.lean = LeanForward(self.model, self.taps) if why is None else None
-        self._lean_made = (_weight_versions(self.model), graphs)
+        self._lean_made = (weights_version(self.model), graphs)
         if self.lean is not None and not graphs:
             self.lean.graphs = OFF
         if self.lean is not None and graphs and native_unsupported(self.model, self.hardware) is None:
@@ -113,7 +113,7 @@ class TargetModel:
         """The lean forward decodes from copies of the weights (fused projections, the C layer's packing): where the
         model's weights changed in place since they were made, they are made again before the next decode."""
         versions, graphs = self._lean_made
-        if _weight_versions(self.model) != versions:
+        if weights_version(self.model) != versions:
             plan = self.fast_linears.plan if self.fast_linears is not None else None
             self.use_lean(True, graphs)
             self.use_kernels(plan)
@@ -260,8 +260,3 @@ def _logits_are_output_layer(target: TargetModel) -> bool:
         return torch.allclose(head(hidden).float(), logits.float(), rtol=1e-2, atol=1e-2)
     except (RuntimeError, TypeError, AttributeError):
         return False
-
-
-def _weight_versions(model) -> tuple[int, ...]:
-    """Every parameter's version counter: it moves with each in-place change of the weights."""
-    return tuple(p._version for p in model.parameters())

@@ -81,6 +81,9 @@ def test_weights_changed_in_place_are_read_from_the_next_decode_on():
     for method, args in (("prefill", (ids,)), ("verify", (tree,))):
         (la, _), (lb, _) = (getattr(t, method)(*args, c) for t, c in zip((plain, lean), caches))
         close(la, lb)
+    with torch.inference_mode():          # weights without version counters (loaded inside inference mode)
+        frozen = tiny_target("qwen3", seed=3)
+    assert frozen.use_lean() is None and isinstance(frozen.new_cache(), StaticKV)
 
 
 def test_the_static_cache_refuses_edits_outside_what_it_holds():

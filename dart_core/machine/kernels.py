@@ -136,6 +136,12 @@ def weight_version(w: torch.Tensor) -> tuple[int, int | None]:
     return w.data_ptr(), None if w.is_inference() else w._version
 
 
+def weights_version(module: torch.nn.Module) -> tuple:
+    """weight_version of every parameter of `module`: it moves when any of them is changed in place or moved (what a
+    packed copy of the weights is kept against)."""
+    return tuple(weight_version(p) for p in module.parameters())
+
+
 def onednn_applies(layer, hardware: Hardware) -> bool:
     """Whether a PackedLinear can stand in for this layer: a Linear on CPU in fp32, or in bf16 where this CPU's
     oneDNN has a bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; on an AVX2-only CPU it raises instead)."""
