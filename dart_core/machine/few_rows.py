@@ -177,7 +177,6 @@ def _built(kind: str) -> FewRowsKernel | str:
     return f"the C compiler failed on our sources: {last}"
 
 
-@lru_cache(maxsize=1)
 def sources_digest() -> str:
     """Our C sources, as a digest: what a measurement of the kernels depends on besides the machine."""
     return hashlib.sha256("\n".join(source.read_text() for source in SOURCES).encode()).hexdigest()[:16]
@@ -186,7 +185,7 @@ def sources_digest() -> str:
 def _library_path(compiler: str, flags: list[str]) -> Path:
     """Named by everything the binary depends on: a shared cache never hands one CPU's build to another."""
     cpu = f"{cpu_name()} {' '.join(sorted(cpu_flags()))}"
-    ident = "\n".join([*(source.read_text() for source in SOURCES), compiler, *flags, cpu, torch.__version__])
+    ident = "\n".join([sources_digest(), compiler, *flags, cpu, torch.__version__])
     return cache_root() / "kernels" / f"few_rows-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.so"
 
 
