@@ -131,6 +131,9 @@ ALL_ROWS(float, f32_rows, load_f32)
 ALL_ROWS(bf16, bf16_rows, load_bf16)
 ALL_ROWS(signed char, i8_rows, load_i8)
 
+/* Thread t of T computes blocks lo .. hi - 1 of every product (few_rows_prefetch_share reads the same share). */
+#define SHARE(blocks, t, T, lo, hi) long lo = (blocks) * (t) / (T), hi = (blocks) * ((t) + 1) / (T);
+
 /* Each thread takes a share of the blocks, a block set at a time. Rows that fit one pass go over each set once; more
    rows go over it a span at a time, every pass per span, each pass's sums kept in `part` between spans. */
 #define LINEAR(BY_ROWS)                                                                                       \
@@ -138,9 +141,10 @@ ALL_ROWS(signed char, i8_rows, load_i8)
     _Pragma("omp parallel num_threads(threads)") {                                                            \
         int t = 0, T = 1;                                                                                     \
         THREAD_IDS(t, T)                                                                                      \
-        vf part[passes > 1 ? passes * PASS_ROWS * NB_FOR(PASS_ROWS) : 1];                                                     \
+        vf part[passes > 1 ? passes * PASS_ROWS * NB_FOR(PASS_ROWS) : 1];                                     \
         int full = passes > 1 ? NB_FOR(PASS_ROWS) : NB_FOR(M);                                                \
-        long lo = blocks * t / T, hi = blocks * (t + 1) / T, span = passes > 1 ? SPAN : K;                    \
+        long span = passes > 1 ? SPAN : K;                                                                    \
+        SHARE(blocks, t, T, lo, hi)                                                                           \
         for (long blk = lo; blk < hi;) {                                                                      \
             int nb = blk + full <= hi ? full : 1;                                                             \
             for (long k0 = 0; k0 < K; k0 += span) {                                                           \
@@ -148,7 +152,7 @@ ALL_ROWS(signed char, i8_rows, load_i8)
                 for (long p = 0; p < passes; p++) {                                                           \
                     long m0 = p * PASS_ROWS, rows = M - m0 < PASS_ROWS ? M - m0 : PASS_ROWS;                  \
                     BY_ROWS[rows](x + m0 * K, w, b, s, y + m0 * N, K, N, blk, nb, k0, k1,                     \
-                                  part + p * PASS_ROWS * NB_FOR(PASS_ROWS));                                                  \
+                                  part + p * PASS_ROWS * NB_FOR(PASS_ROWS));                                  \
                 }                                                                                             \
             }                                                                                                 \
             blk += nb;                                                                                        \
@@ -179,6 +183,15 @@ void few_rows_linear_i8(const float *x, const signed char *w, const float *b, fl
                         int threads) {
     const float *s = (const float *)(w + (N + VW - 1) / VW * VW * K);
     LINEAR(i8_rows)
+}
+
+/* Prefetches into L2 the share of a packed weight [K -> N], `size` bytes an entry, that thread t of T reads in the
+   products above: a caller with other work to do first (lean_layer.c's attention) lets memory fetch it meanwhile. */
+void few_rows_prefetch_share(const void *w, long size, long K, long N, int t, int T) {
+    long blocks = (N + VW - 1) / VW;
+    SHARE(blocks, t, T, lo, hi)
+    const char *p = (const char *)w + lo * K * VW * size, *end = (const char *)w + hi * K * VW * size;
+    for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
 }
 
 int few_rows_width(void) { return VW; }
