@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .acceptance import SamplingConfig, accept, choose_token
+from .acceptance import SamplingConfig, accept, accept_choices, choose_token
 from .errors import ConfigError
 from .fixed_step import FIXED_BUCKETS
 from .proposers import Proposer
@@ -57,7 +57,8 @@ def generate(target: TargetModel, proposer: Proposer, prompt_ids: list[int],
 
 def _decode(target: TargetModel, proposer: Proposer, prompt_ids: list[int], config: GenerationConfig, cache,
             max_context: int) -> Iterator[StepRecord]:
-    gen = None if config.sampling.greedy else config.sampling.make_generator()
+    greedy = config.sampling.greedy
+    gen = None if greedy else config.sampling.make_generator()
     stops = frozenset(config.stop_ids)
     clock = PhaseClock(target.device)
     start = time.perf_counter()
@@ -82,9 +83,9 @@ def _decode(target: TargetModel, proposer: Proposer, prompt_ids: list[int], conf
         proposal = proposer.propose(committed + [root], features, max_nodes)
         clock.mark()
         tree = proposal.tree
-        logits, feats = target.verify(tree, cache, features=proposer.needs_features)
+        scores, feats = target.verify(tree, cache, features=proposer.needs_features, choices=greedy)
         clock.mark()
-        result = accept(tree, logits, config.sampling, gen)
+        result = accept_choices(tree, scores.tolist()) if greedy else accept(tree, scores, config.sampling, gen)
         target.commit(cache, past, result.path)
         clock.mark()
         propose_time, verify_time, accept_time = clock.spans()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
 import torch
 
 from .draft_head import DraftHead, rope_tables
@@ -110,6 +111,16 @@ class NativeDraftHead:
             lib.lean_final_norm(rows.data_ptr(), self.final_norm.data_ptr(), normed.data_ptr(), K + 1, H, c.rms_eps)
             rows = normed
         return self.kernel.linear(rows, self.output, None)
+
+
+    def top_rows(self, logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's top k of `step`'s logits [R, Vd] (draft ids, best first) and their softmax over the k, in one
+        pass of our C code (machine/tree_search.c: draft_rows_top)."""
+        logits = logits.float().contiguous()
+        R, V = logits.shape
+        ids, probs = np.empty((R, k), dtype=np.int64), np.empty((R, k), dtype=np.float32)
+        self.kernel.lib.draft_rows_top(logits.data_ptr(), R, V, k, ids.ctypes.data, probs.ctypes.data)
+        return ids, probs
 
 
 def packed(head: DraftHead, hardware: Hardware, out_weight: torch.Tensor | None = None,

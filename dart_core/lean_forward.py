@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .acceptance import greedy_ids
 from .fixed_step import FIXED_BUCKETS, block_or_causal, fixed_step
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -160,22 +161,25 @@ class LeanForward:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: StaticKV, block_mask: torch.Tensor | None,
-                taps: tuple[int, ...] = (), last_only: bool = False):
+                taps: tuple[int, ...] = (), last_only: bool = False, choices: bool = False):
         """ids, positions [n] appended at cache.length; block_mask [n, n] (bool: row i sees block entry j) or None
-        for a causal block. Returns logits [n or 1, V] and the tap layers' inputs [n, 3H] (None without taps)."""
+        for a causal block. Returns logits [n or 1, V] (with `choices`, each row's greedy choice instead, [n or 1])
+        and the tap layers' inputs [n, 3H] (None without taps)."""
         past, n = cache.length, ids.shape[0]
-        if self.graphs != OFF and n <= FIXED_BUCKETS[-1] and taps in ((), self.taps):
-            return fixed_step(self, cache).run(ids, positions, block_mask, last_only, features=bool(taps))
-        if self.native is not None and n <= self.native.max_rows:
-            return self.native.forward(ids, positions, cache, block_mask, taps, last_only)
-        cache.reserve(past + n)
-        mask = None
-        if n > 1:   # the cache is seen whole; inside the block, the tree's (or the causal) mask
-            mask = torch.cat([torch.ones(n, past, dtype=torch.bool, device=ids.device),
-                              block_or_causal(block_mask, n, ids.device)], dim=1)
-        logits, feats = self.step(ids, positions, cache.kv, past, past + n, mask, taps, last_only)
-        cache.length = past + n
-        return logits, feats
+        graphs = self.graphs != OFF and n <= FIXED_BUCKETS[-1] and taps in ((), self.taps)
+        if not graphs and self.native is not None and n <= self.native.max_rows:
+            return self.native.forward(ids, positions, cache, block_mask, taps, last_only, choices)
+        if graphs:
+            logits, feats = fixed_step(self, cache).run(ids, positions, block_mask, last_only, features=bool(taps))
+        else:
+            cache.reserve(past + n)
+            mask = None
+            if n > 1:   # the cache is seen whole; inside the block, the tree's (or the causal) mask
+                mask = torch.cat([torch.ones(n, past, dtype=torch.bool, device=ids.device),
+                                  block_or_causal(block_mask, n, ids.device)], dim=1)
+            logits, feats = self.step(ids, positions, cache.kv, past, past + n, mask, taps, last_only)
+            cache.length = past + n
+        return (greedy_ids(logits) if choices else logits), feats
 
     def step(self, ids, positions, kv, write, span: int, mask, taps: tuple[int, ...], last_only: bool):
         """The arithmetic of one forward. write: where the block's keys and values go in the cache (an int: at that

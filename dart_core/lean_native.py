@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .acceptance import greedy_ids
+from .greedy_output import GreedyOutput
 from .lean_forward import LeanForward, attention_shape
 from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel, PackedWeight
 
@@ -27,6 +29,7 @@ NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)   # the weights the C layer reads (it computes in fp32)
 MIN_TABLE = 1024          # positions the rotation table starts with (it doubles when a run goes past it)
 HEAD_DIM_STEP, MAX_HEAD_DIM = 16, 512   # the head sizes the C attention takes (lean_layer.c: VW, MAX_HEAD_DIM)
+GREEDY_COPY = torch.int8   # the output layer's copy greedy steps read (greedy_output.py; measured: docs/cpu-speed.md)
 
 
 def unsupported(model, hardware) -> str | None:
@@ -71,6 +74,9 @@ class NativeLayers:
         self.layers = [self._packed(w) for w in lean.layers]
         self.output = kernel.pack(lean.output.weight, self.weights)
         self.output_bias = _flat(lean.output.bias)
+        # greedy steps choose from a smaller copy of the output layer, exactly (greedy_output.py): an fp32 model's
+        self.greedy = GreedyOutput(lean.output.weight, kernel, GREEDY_COPY) \
+            if self.weights == torch.float32 and lean.output.bias is None else None
         self.intermediate = lean.layers[0].down.in_features
         self.cos = self.sin = torch.empty(0, lean.head_dim)
 
@@ -95,8 +101,9 @@ class NativeLayers:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, block_mask: torch.Tensor | None,
-                taps: tuple[int, ...], last_only: bool):
-        """As LeanForward.forward: logits [n or 1, V] and the tap layers' inputs [n, 3H] (None without taps)."""
+                taps: tuple[int, ...], last_only: bool, choices: bool = False):
+        """As LeanForward.forward: logits [n or 1, V] (with `choices`, the greedy choice of each row instead, [n or 1])
+        and the tap layers' inputs [n, 3H] (None without taps)."""
         lean, lib, n = self.lean, self.kernel.lib, ids.shape[0]
         past = cache.length
         cache.reserve(past + n)
@@ -120,9 +127,11 @@ class NativeLayers:
         rows = hidden[-1:] if last_only else hidden
         normed = torch.empty_like(rows)
         lib.lean_final_norm(rows.data_ptr(), self.norm_out.data_ptr(), normed.data_ptr(), rows.shape[0], D, lean.eps)
-        logits = self.kernel.linear(normed, self.output, self.output_bias)
         feats = torch.cat([captured[i] for i in taps], dim=-1) if taps else None
-        return logits, feats
+        if choices and self.greedy is not None:
+            return self.greedy.choose(normed), feats
+        logits = self.kernel.linear(normed, self.output, self.output_bias)
+        return (greedy_ids(logits) if choices else logits), feats
 
 
 def _flat(t: torch.Tensor | None) -> torch.Tensor | None:

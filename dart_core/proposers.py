@@ -105,6 +105,16 @@ class Drafter:
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids
 
+    def top_rows(self, logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The search's rows from draft logits [R, Vd]: each row's top k as target ids [R, k] (int64), best first,
+        and their probabilities renormalised over the k, as the reference does [R, k] (fp32)."""
+        top = logits.float().topk(k, dim=-1)
+        probs = top.values.softmax(-1)
+        tokens = self.target_ids(top.indices)
+        # the one host transfer of the step's drafting: ids and probabilities together (ids < 2^24 are exact in fp32)
+        both = torch.stack([tokens.to(probs.dtype), probs]).cpu().numpy()
+        return both[0].astype(np.int64), both[1]
+
 
 class HeadDrafter(Drafter):
     """The trained (or random) DART head fed with the target's features and embeddings."""
@@ -151,6 +161,12 @@ class HeadDrafter(Drafter):
 
     def target_ids(self, draft_ids):
         return self.head.target_ids(draft_ids.to(self.head.mask_embed.device))
+
+    def top_rows(self, logits, k):
+        if self.native is None:
+            return super().top_rows(logits, k)
+        ids, probs = self.native.top_rows(logits, k)
+        return (ids if self.head.d2t is None else self.head.d2t.numpy()[ids]), probs
 
 
 class DartProposer(Proposer):
@@ -207,13 +223,7 @@ class DartProposer(Proposer):
         if hasattr(self.ngram, "observe"):
             self.ngram.observe(context)
         logits = self.drafter.draft(context, new_features)                  # [R, Vd]
-        k = min(config.topk, logits.shape[-1])
-        top = logits.float().topk(k, dim=-1)
-        probs = top.values.softmax(-1)          # renormalised over the top-k, as the reference does
-        tokens = self.drafter.target_ids(top.indices)
-        # the one host transfer of the step's drafting: ids and probabilities together (ids < 2^24 are exact in fp32)
-        both = torch.stack([tokens.to(probs.dtype), probs]).cpu().numpy()
-        rows_tokens, rows_probs = both[0].astype(np.int64), both[1]
+        rows_tokens, rows_probs = self.drafter.top_rows(logits, min(config.topk, logits.shape[-1]))
         t1 = time.perf_counter()
         result = search(rows_tokens, rows_probs, context, config, self.ngram, self.eos_ids, node_budget=max_nodes)
         tree, lookup_nodes, branch = result.tree, None, []

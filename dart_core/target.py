@@ -12,6 +12,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from transformers import DynamicCache
 
+from .acceptance import greedy_ids
 from .machine.hardware import Hardware, detect
 from .machine.kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies, weights_version
 from .lean_forward import OFF, LeanForward, StaticKV
@@ -182,10 +183,12 @@ class TargetModel:
         logits, feats = self.forward(ids, pos, cache, features=features, last_only=True)
         return logits[-1], feats
 
-    def verify(self, tree: TokenTree, cache: DynamicCache | StaticKV, features: bool = False):
+    def verify(self, tree: TokenTree, cache: DynamicCache | StaticKV, features: bool = False, choices: bool = False):
         """Score every tree node in one forward. Node i sees the whole cache plus its own ancestors.
 
-        Returns logits [n, V] (row i predicts the token after node i) and features [n, 3H] (or None).
+        Returns logits [n, V] (row i predicts the token after node i) and features [n, 3H] (or None). With
+        `choices`, the target's greedy choice at each node [n] instead of its logits: all greedy decoding needs, and
+        where our C layer runs, found without computing every logit (dart_core.greedy_output).
         The n new KV entries are appended to the cache; `commit` keeps only the accepted ones.
         """
         past = cache.get_seq_length()
@@ -194,20 +197,24 @@ class TargetModel:
         pos = torch.tensor(tree.depths, dtype=torch.long, device=self.device) + past
         chain = tree.parents == list(range(-1, n - 1))
         if isinstance(cache, StaticKV):
-            return self._lean_forward(ids, pos, cache, None if chain else tree.ancestor_mask(self.device), features)
+            return self._lean_forward(ids, pos, cache, None if chain else tree.ancestor_mask(self.device), features,
+                                      choices=choices)
         if chain:
             mask = None  # a chain (plain decoding, prompt lookup): the model's own causal mask is the tree mask
         else:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=self.device)
             mask[:, past:] = tree.ancestor_mask(self.device)
             mask = mask[None, None]
-        return self.forward(ids, pos, cache, attention_mask=mask, features=features)
+        logits, feats = self.forward(ids, pos, cache, attention_mask=mask, features=features)
+        return (greedy_ids(logits) if choices else logits), feats
 
     @torch.inference_mode()
-    def _lean_forward(self, ids, positions, cache: StaticKV, block_mask, features: bool, last_only: bool = False):
+    def _lean_forward(self, ids, positions, cache: StaticKV, block_mask, features: bool, last_only: bool = False,
+                      choices: bool = False):
         fast = self.fast_linears.active() if self.fast_linears is not None else nullcontext()
         with fast:
-            return self.lean.forward(ids, positions, cache, block_mask, self.taps if features else (), last_only)
+            return self.lean.forward(ids, positions, cache, block_mask, self.taps if features else (), last_only,
+                                     choices)
 
     # ------------------------------------------------------------------ cache edits
     @staticmethod

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the modules whose paths are gated on what the CPU can do: kernel choice and packing, dtype choice, int8 drafting,
 # our kernels and the draft head's C layer
 CPU_DEPENDENT = ["tests/test_kernels.py", "tests/test_dtype_choice.py", "tests/test_draft_kernels.py",
-                 "tests/test_few_rows.py", "tests/test_draft_native.py"]
+                 "tests/test_few_rows.py", "tests/test_draft_native.py", "tests/test_greedy_output.py"]
 # Their tests, by the kernels they reach. Every kind below this one holds oneDNN down (ONEDNN_MAX_CPU_ISA): the tests
 # that reach oneDNN (the capability-gated kernels through `capable`, torch's own bf16 GEMMs, the measurements of
 # kernels and dtypes), or read what the CPU can do, run as each kind.
@@ -49,8 +49,14 @@ ON_ATEN_KINDS = [
     "tests/test_few_rows.py::test_the_kernel_shares_torchs_openmp_runtime",
     "tests/test_few_rows.py::test_bf16_weights_give_the_fp32_product_of_the_widened_weights",
     "tests/test_few_rows.py::test_int8_weights_give_the_product_of_their_scaled_values",
+    "tests/test_few_rows.py::test_the_argmax_picks_what_torchs_max_picks",
+    "tests/test_greedy_output.py::test_the_choice_is_the_full_layers_argmax",
+    "tests/test_greedy_output.py::test_nans_and_infinities_choose_as_torch_does",
+    "tests/test_greedy_output.py::test_the_bound_holds_for_every_output",
+    "tests/test_greedy_output.py::test_a_verify_gives_the_choices_its_logits_give",
     "tests/test_draft_native.py::test_its_int8_weights_draft_nearly_the_same_rows",
     "tests/test_draft_native.py::test_its_steps_compute_what_the_head_computes",
+    "tests/test_draft_native.py::test_the_searchs_rows_are_torchs_top_k_and_softmax",
     "tests/test_draft_native.py::test_the_cache_grows_and_keeps_what_it_holds",
     "tests/test_draft_native.py::test_greedy_output_with_the_c_layer_is_plain_decodings",
 ]

@@ -15,7 +15,7 @@ from dart_core.draft_head import DraftCache
 from dart_core.errors import ConfigError
 from dart_core.machine import few_rows
 from dart_core.machine.hardware import Hardware
-from dart_core.proposers import DartProposer, HeadDrafter
+from dart_core.proposers import DartProposer, Drafter, HeadDrafter
 from dart_core.setup.tiny_models import plain_greedy_reference, random_head, tiny_target
 from dart_core.target import TargetModel
 from dart_core.tree_search import SearchConfig
@@ -92,6 +92,31 @@ def test_its_int8_weights_draft_nearly_the_same_rows(target):
     prompt = [1, 40, 41, 42, 40, 41, 42, 40]
     assert run(target, dart, prompt, GenerationConfig(max_new_tokens=16)).output_ids == \
         plain_greedy_reference(target, prompt, 16)
+
+
+def test_the_searchs_rows_are_torchs_top_k_and_softmax(target):
+    """The rows the tree search reads, taken by our C code from the head's logits: each row's top k in torch's order
+    (the earlier of equal logits first, a NaN last), their softmax over the k, the ids mapped to the target's."""
+    head = random_head(target, n_mask=3, seed=4, tie_output=False, draft_vocab_size=50)
+    if not runs_here(target, head):
+        return
+    drafter = HeadDrafter(head, target, "native")
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(4, 50, generator=gen)
+    logits[1] = torch.randint(0, 4, (50,), generator=gen).float()     # many equal logits
+    logits[2, 7], logits[3] = float("nan"), float("-inf")
+    logits[3, 30] = 1.0
+    for k in (1, 5, 16, 50):
+        ids, probs = drafter.top_rows(logits, k)
+        values, order = torch.sort(torch.nan_to_num(logits, nan=float("-inf")), dim=-1, descending=True, stable=True)
+        assert ids.shape == probs.shape == (4, k)
+        assert (ids[[0, 1, 2]] == head.d2t[order[[0, 1, 2], :k]].numpy()).all(), k
+        assert ids[3, 0] == int(head.d2t[30])
+        expected = values[:3, :k].softmax(-1).numpy()
+        assert abs(probs[:3] - expected).max() < 1e-6 and abs(probs.sum(-1)[:3] - 1).max() < 1e-5
+    torch_ids, torch_probs = Drafter.top_rows(drafter, logits[:1], 16)   # the generic path: the same rows
+    assert (torch_ids == drafter.top_rows(logits[:1], 16)[0]).all()
+    assert abs(torch_probs - drafter.top_rows(logits[:1], 16)[1]).max() < 1e-6
 
 
 def test_the_cache_grows_and_keeps_what_it_holds(target):

@@ -119,6 +119,31 @@ def test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count(
             torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("columns", [1, 15, 16, 17, 100, 49152])
+def test_the_argmax_picks_what_torchs_max_picks(columns):
+    """Greedy decoding's choice from a verify's logits: the first of equal maxima, a NaN above every number, an all
+    -inf row's first entry, on one thread or several (each scanning its own columns)."""
+    kernel = real_or_why()
+    if kernel is None:
+        return
+    gen = torch.Generator().manual_seed(columns)
+    rows = [torch.randn(columns, generator=gen), torch.randint(0, 3, (columns,), generator=gen).float(),
+            torch.full((columns,), float("-inf")), torch.zeros(columns)]
+    with_nans = torch.randn(columns, generator=gen)
+    with_nans[columns // 2] = with_nans[-1] = float("nan")
+    late_max = torch.randn(columns, generator=gen)
+    late_max[-1] = 100.0   # in the last thread's share
+    y = torch.stack(rows + [with_nans, late_max])
+    threads = torch.get_num_threads()
+    try:
+        for n in {1, 2, threads}:
+            torch.set_num_threads(n)
+            assert torch.equal(kernel.argmax(y), y.max(-1).indices), n
+            assert torch.equal(kernel.argmax(y[4:5]), y[4:5].max(-1).indices)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_bad_inputs_are_refused_in_one_line():
     kernel = real_or_why()
     if kernel is None:

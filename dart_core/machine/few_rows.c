@@ -194,4 +194,124 @@ void few_rows_prefetch_share(const void *w, long size, long K, long N, int t, in
     for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
 }
 
+/* The index of each of M rows' largest entry in y [M, N], as torch's max picks it: the first of equal maxima, and a
+   NaN above every number (the first NaN). Thread t of T scans the columns it computed in the products above, still in
+   its caches; the threads' bests are merged in column order. Indices travel as floats: exact for N < 2^24. */
+typedef struct { float value; long index, nan; } row_best;   /* index -1: none yet; nan: the first NaN's, or -1 */
+
+static row_best best_in(const float *row, long lo, long hi) {
+    row_best b = {-INFINITY, -1, -1};
+    long j = lo;
+    if (hi - lo >= VW) {
+        vf best, at, idx, nan;
+        __builtin_memcpy(&best, row + lo, sizeof best);   /* rows need not be aligned */
+        for (int l = 0; l < VW; l++) at[l] = (float)l;
+        idx = at, nan = (vf)(best != best);
+        for (j = lo + VW; j + VW <= hi; j += VW) {
+            vf v;
+            __builtin_memcpy(&v, row + j, sizeof v);
+            vi above = v > best;   /* strictly: a later equal one leaves the first */
+            best = (vf)(((vi)v & above) | ((vi)best & ~above));
+            idx = (vf)(((vi)(at + (float)(j - lo)) & above) | ((vi)idx & ~above));
+            nan = (vf)((vi)nan | (v != v));
+        }
+        for (int l = 0; l < VW; l++)
+            if (((vi)nan)[l]) {   /* rare: the first NaN, in order */
+                for (long i = lo; i < j; i++)
+                    if (row[i] != row[i]) return (row_best){0, i, i};
+            }
+        for (int l = 0; l < VW; l++) {
+            long i = lo + (long)idx[l];
+            if (b.index < 0 || best[l] > b.value || (best[l] == b.value && i < b.index)) b.value = best[l], b.index = i;
+        }
+    }
+    for (; j < hi; j++) {
+        if (row[j] != row[j]) return (row_best){0, j, j};
+        if (b.index < 0 || row[j] > b.value) b.value = row[j], b.index = j;
+    }
+    return b;
+}
+
+void few_rows_argmax(const float *y, long M, long N, int threads, long *out) {
+    long blocks = (N + VW - 1) / VW;
+    int most = threads > 0 ? threads : 1, used = 1;
+    row_best bests[most][M];
+    _Pragma("omp parallel num_threads(most)") {
+        int t = 0, T = 1;
+        THREAD_IDS(t, T)
+        SHARE(blocks, t, T, lo, hi)
+        long c0 = lo * VW, c1 = hi * VW < N ? hi * VW : N;
+        for (long m = 0; m < M; m++) bests[t][m] = best_in(y + m * N, c0, c1 > c0 ? c1 : c0);
+        if (t == 0) used = T;
+    }
+    for (long m = 0; m < M; m++) {
+        row_best b = {-INFINITY, -1, -1};
+        for (int t = 0; t < used && b.nan < 0; t++) {   /* column order: a later share wins by a larger value only */
+            row_best c = bests[t][m];
+            if (c.nan >= 0 || (c.index >= 0 && (b.index < 0 || c.value > b.value))) b = c;
+        }
+        out[m] = b.index;
+    }
+}
+
+/* The greedy choice of an output layer y = x w^T (no bias) for M rows, exactly as the argmax of the fp32 product above
+   (few_rows_linear, first of equal maxima), without computing every fp32 logit: the product is computed from a copy of
+   w in fewer bytes (`approx`, packed bf16 or int8, of the kind `approx_kind`), and only the outputs that copy cannot
+   rule out are computed exactly. `bound` [N] holds, per output j, an upper bound of |w_j - approx_j|_2 plus the
+   rounding of both products over K terms (dart_core/greedy_output.py); times |x|_2 it bounds |y_j - approx y_j|. Every
+   j whose approximate logit plus its bound reaches the largest approximate logit less its bound is a candidate; the
+   argmax is among them, and they are computed by this file's fp32 product (the same arithmetic, so the same bits) from
+   w's own rows (w: [N, K] fp32, row-major). scratch: M * N floats. A row with a NaN or an infinity anywhere takes
+   every output exactly. candidates (may be NULL): how many outputs each row computed exactly. */
+void few_rows_choose(const float *x, const void *approx, int approx_kind, const float *bound, const float *w,
+                     long M, long K, long N, int threads, float *scratch, long *out, long *candidates) {
+    if (approx_kind == 1)
+        few_rows_linear_bf16(x, approx, 0, scratch, M, K, N, threads);
+    else
+        few_rows_linear_i8(x, approx, 0, scratch, M, K, N, threads);
+    const float margin = 8.0f / 16777216.0f;   /* 8 units of fp32 rounding: the float arithmetic below, and more */
+    _Pragma("omp parallel for num_threads(threads) schedule(static) if (M > 1)")
+    for (long m = 0; m < M; m++) {
+        const float *xm = x + m * K, *z = scratch + m * N;
+        double sq = 0.0;
+        for (long k = 0; k < K; k++) sq += (double)xm[k] * xm[k];
+        float xn = (float)(sqrt(sq) * (1.0 + 1e-6));
+        /* pass 1: the largest approximate logit less its bound; the scale of the numbers, for the rounding margin */
+        float floor_ = -INFINITY, big = 0.0f, widest = 0.0f;
+        int finite = xn <= 3.0e38f;
+        for (long j = 0; j < N; j++) {
+            float lo = z[j] - xn * bound[j], mag = fabsf(z[j]);
+            finite &= mag <= 3.0e38f;   /* (false for a NaN too) */
+            floor_ = lo > floor_ ? lo : floor_;
+            big = mag > big ? mag : big;
+            widest = bound[j] > widest ? bound[j] : widest;
+        }
+        float slack = margin * (big + xn * widest) * 2.0f;
+        /* pass 2: the candidates, in ascending order, computed exactly VW at a time */
+        float best = -INFINITY;
+        long chosen = -1, seen = 0;
+        long pending[VW];
+        int count = 0;
+        for (long j = 0; j <= N; j++) {
+            int take = j < N && (!finite || z[j] + xn * bound[j] + slack >= floor_);
+            if (take) pending[count++] = j, seen++;
+            if (count == VW || (j == N && count)) {
+                float block[K * VW], exact[VW];
+                vf part[1];
+                for (long k = 0; k < K; k++)
+                    for (int l = 0; l < VW; l++) block[k * VW + l] = l < count ? w[pending[l] * K + k] : 0.0f;
+                f32_rows_1(xm, block, 0, 0, exact, K, count, 0, 1, 0, K, part);
+                for (int l = 0; l < count; l++) {
+                    float v = exact[l];
+                    if (chosen >= 0 && best != best) break;   /* a NaN chosen: the first NaN stays */
+                    if (chosen < 0 || v > best || v != v) best = v, chosen = pending[l];
+                }
+                count = 0;
+            }
+        }
+        out[m] = chosen;
+        if (candidates) candidates[m] = seen;
+    }
+}
+
 int few_rows_width(void) { return VW; }

@@ -108,6 +108,12 @@ class FewRowsKernel:
         self.lib.dart_search.argtypes = ([p, p, n, n, n, p, n, p, p, ctypes.c_double, ctypes.c_double, ctypes.c_int, n, n,
                                           p, n, p] + [p] * 13)
         self.lib.dart_search.restype = n
+        self.lib.few_rows_argmax.argtypes = [p, n, n, ctypes.c_int, p]
+        self.lib.few_rows_argmax.restype = None
+        self.lib.few_rows_choose.argtypes = [p, p, ctypes.c_int, p, p, n, n, n, ctypes.c_int, p, p, p]
+        self.lib.few_rows_choose.restype = None
+        self.lib.draft_rows_top.argtypes = [p, n, n, n, p, p]
+        self.lib.draft_rows_top.restype = None
 
     def pack(self, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PackedWeight:
         return pack(weight, self.width, dtype)
@@ -123,6 +129,18 @@ class FewRowsKernel:
         product(x.data_ptr(), w.blocks.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), rows, k,
                 w.out_features, torch.get_num_threads())
         return y
+
+
+    def argmax(self, y: torch.Tensor) -> torch.Tensor:
+        """The index of each row's largest entry in y [M, N] fp32 (M >= 1, N < ARGMAX_COLUMNS), as `y.max(-1)`
+        picks it: each thread scans the columns it computed in `linear`, still in its caches."""
+        y = y.contiguous()
+        out = torch.empty(y.shape[0], dtype=torch.long)
+        self.lib.few_rows_argmax(y.data_ptr(), y.shape[0], y.shape[1], torch.get_num_threads(), out.data_ptr())
+        return out
+
+
+ARGMAX_COLUMNS = 2**24   # few_rows_argmax carries column indices in fp32 lanes: exact below this
 
 
 def stand_in_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:

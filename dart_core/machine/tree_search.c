@@ -241,3 +241,45 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
     free(next_ctx), free(order), free(chosen), free(lt), free(is_eos);
     return offset;
 }
+
+/* ------------------------------------------------------------------------------------------- the search's rows */
+
+/* The k largest of each of R rows of logits [R, V] (1 <= k <= V), best first and the earlier of equal ones first, with
+   their softmax over those k (renormalised as the reference does): the rows the search reads, taken from the draft
+   head's logits in one pass instead of torch's top-k, softmax and copies (a quarter of a millisecond a step on the
+   AMX Xeon). A NaN counts as -inf. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef int i16 __attribute__((vector_size(64)));
+
+void draft_rows_top(const float *logits, long R, long V, long k, long long *ids, float *probs) {
+    for (long r = 0; r < R; r++) {
+        const float *row = logits + r * V;
+        long long *id = ids + r * k;
+        float *value = probs + r * k;
+        long n = 0;
+        for (long j0 = 0; j0 < V; j0 += 16) {
+            long j1 = j0 + 16 < V ? j0 + 16 : V;
+            if (n == k && j1 - j0 == 16) {   /* most blocks hold nothing above the k-th: one test for 16 */
+                v16 block;
+                memcpy(&block, row + j0, sizeof block);
+                i16 above = block > value[k - 1];   /* (a NaN is never above) */
+                int any = 0;
+                for (int l = 0; l < 16; l++) any |= above[l];
+                if (!any) continue;
+            }
+            for (long j = j0; j < j1; j++) {
+                float v = row[j] == row[j] ? row[j] : -INFINITY;
+                if (n == k && !(v > value[k - 1])) continue;
+                long at = n < k ? n++ : k - 1;
+                while (at > 0 && v > value[at - 1]) {   /* after every equal one: the earlier index stays first */
+                    value[at] = value[at - 1], id[at] = id[at - 1];
+                    at--;
+                }
+                value[at] = v, id[at] = j;
+            }
+        }
+        float top = value[0], sum = 0.0f;
+        for (long i = 0; i < k; i++) sum += value[i] = expf(value[i] - top);
+        for (long i = 0; i < k; i++) value[i] /= sum;
+    }
+}

@@ -107,8 +107,9 @@ def curve_rows(device_type: str) -> tuple[int, ...]:
 @torch.inference_mode()
 def measure_cost_curve(target: TargetModel, rows: tuple[int, ...] | None = None, context: int = CURVE_CONTEXT,
                        rounds: int = CURVE_ROUNDS) -> CostCurve:
-    """Time one verify forward of k tokens (a chain: the mask does not change the cost) after `context` tokens:
-    `rounds` passes over every size after a warm-up pass, the median per size, fitted never to decrease."""
+    """Time one verify forward of k tokens (a chain: the mask does not change the cost) after `context` tokens, as
+    greedy decoding runs it (the target's choices, not its logits: TargetModel.verify): `rounds` passes over every size
+    after a warm-up pass, the median per size, fitted never to decrease."""
     rows = rows or curve_rows(target.device.type)
     context = min(context, target.max_positions - max(rows) - 1)
     cache = target.new_cache()
@@ -119,7 +120,7 @@ def measure_cost_curve(target: TargetModel, rows: tuple[int, ...] | None = None,
     for round_ in range(rounds + 1):   # the first pass is a warm-up
         for i, tree in enumerate(trees):
             t0 = time.perf_counter()
-            target.verify(tree, cache)
+            target.verify(tree, cache, choices=True)
             if target.device.type == "cuda":
                 torch.cuda.synchronize()
             if round_:
@@ -150,7 +151,7 @@ def _one_token_forward(target: TargetModel):
     target.prefill(prompt, cache)
 
     def forward():
-        target.verify(TokenTree([1], [-1]), cache)
+        target.verify(TokenTree([1], [-1]), cache, choices=True)
         target.rollback(cache, len(prompt))
     return forward
 

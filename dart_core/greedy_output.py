@@ -1,0 +1,81 @@
+"""The target's greedy choice from its output layer without every fp32 logit, exactly.
+
+Greedy decoding needs each verified row's argmax, not its logits, and on a CPU the output layer is a fifth of a decode
+step: it streams the whole [vocabulary, hidden] weight (113 MB in fp32 for the default model) for one row or eight.
+So the product is computed from a copy of the weight in bf16 (half the bytes) or int8 (a quarter), and then exactly,
+in fp32, only for the outputs that copy cannot rule out:
+
+    |y_j - y~_j| <= |x|_2 * a_j,   a_j = |w_j - w~_j|_2 + g * (|w_j|_2 + |w~_j|_2),   g = (K + 2) u / (1 - (K + 2) u)
+
+(Cauchy-Schwarz for the weights' difference; the standard bound on the rounding of a K-term dot product, u = 2^-24,
+for each of the two computed products, the int8 copy's scaling included). The argmax j* of the exact logits has
+y~_j* + |x| a_j* >= y_j* >= y_i >= y~_i - |x| a_i for every i: it is among the outputs whose upper end reaches the
+largest lower end. Those are computed by the same fp32 product as the full layer (machine/few_rows.c), so with the same
+bits, and the first of their maxima is the argmax of the full layer, ties included. For the default model a row
+leaves a handful of candidates out of 49,152.
+
+Sampling needs every logit: it takes the full fp32 layer (TargetModel.verify without `choices`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel, PackedWeight
+
+UNIT = 2.0 ** -24          # fp32's unit roundoff
+BOUND_ROWS = 4096          # weight rows whose bounds are computed at once (in fp64)
+
+
+def choice_bounds(weight: torch.Tensor, approx: PackedWeight) -> torch.Tensor:
+    """a_j for every output j (fp32, rounded up), from the fp32 weight [N, K] and its packed copy."""
+    n, k = weight.shape
+    g = (k + 2) * UNIT / (1 - (k + 2) * UNIT)
+    rows = unpacked(approx, n)
+    out = torch.empty(n, dtype=torch.float64)
+    for a in range(0, n, BOUND_ROWS):
+        w, w_approx = weight[a:a + BOUND_ROWS].double(), rows(a, a + BOUND_ROWS)
+        out[a:a + BOUND_ROWS] = (w - w_approx).norm(dim=1) + g * (w.norm(dim=1) + w_approx.norm(dim=1))
+    # one part in a million more, and up to the next fp32: the fp64 sums' own rounding is far below it
+    return torch.nextafter((out * (1 + 1e-6)).float(), torch.tensor(float("inf")))
+
+
+def unpacked(approx: PackedWeight, n: int):
+    """rows(a, b): the packed copy's rows a..b-1 as the kernel reads them, in fp64 (exact: bf16, and int8 times its
+    fp32 scale, are fp64 numbers)."""
+    blocks = approx.blocks
+    width = blocks.shape[2]
+
+    def rows(a: int, b: int) -> torch.Tensor:
+        b = min(b, n)
+        first, last = a // width, (b - 1) // width + 1
+        part = blocks[first:last].transpose(1, 2).reshape(-1, blocks.shape[1])[a - first * width: b - first * width]
+        part = part.double()
+        return part if approx.scales is None else part * approx.scales[a:b, None].double()
+    return rows
+
+
+class GreedyOutput:
+    """An output layer (weight [N, K], no bias) that gives the argmax of x w^T per row, exactly, reading a bf16 or
+    int8 copy of the weight and the few rows of the fp32 weight that copy leaves in doubt."""
+
+    def __init__(self, weight: torch.Tensor, kernel: FewRowsKernel, kind: torch.dtype = torch.bfloat16):
+        if kind not in (torch.bfloat16, torch.int8):
+            raise ValueError(f"the output layer's copy is bf16 or int8, not {kind}")
+        self.kernel, self.kind = kernel, kind
+        self.weight = weight.detach().float().contiguous()
+        self.approx = kernel.pack(self.weight, kind)
+        self.bound = choice_bounds(self.weight, self.approx)
+
+    def choose(self, x: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """The argmax of x w^T per row of x [M, K] (fp32), as `(x @ w.T).max(-1).indices` by the fp32 product gives it;
+        `candidates` (a [M] long tensor, optional) receives how many outputs each row computed exactly."""
+        x = x.float().contiguous()
+        m, (n, k) = x.shape[0], self.weight.shape
+        out = torch.empty(m, dtype=torch.long)
+        scratch = torch.empty(m, n)
+        self.kernel.lib.few_rows_choose(
+            x.data_ptr(), self.approx.blocks.data_ptr(), WEIGHT_KINDS[self.kind], self.bound.data_ptr(),
+            self.weight.data_ptr(), m, k, n, torch.get_num_threads(), scratch.data_ptr(), out.data_ptr(),
+            None if candidates is None else candidates.data_ptr())
+        return out

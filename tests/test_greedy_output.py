@@ -1,0 +1,101 @@
+"""The greedy choice from an output layer's smaller copy (dart_core.greedy_output): always the argmax of the full fp32
+layer as our kernel computes it, ties, NaNs and infinities included, from a bf16 or an int8 copy; the bound it rests on
+holds; and the verify step that returns it agrees with the logits it replaces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dart_core.greedy_output import GreedyOutput
+from dart_core.machine import few_rows
+from dart_core.machine.hardware import detect
+from dart_core.setup.tiny_models import tiny_target
+from dart_core.tree import TokenTree
+
+HERE = detect()
+KERNEL = few_rows.kernel(HERE.kind)
+COPIES = [torch.bfloat16, torch.int8]
+
+
+def kernel_or_why():
+    if KERNEL is None:   # no C compiler: the reason is said, and greedy steps take the full layer
+        assert few_rows.why_not(HERE.kind) and not HERE.few_rows
+    return KERNEL
+
+
+def near_ties(gen) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight [300, 64] whose rows 10, 11 and 200 are one row (exact ties) and row 12 that row one ulp off; inputs
+    that make them the largest logits, and plain random ones."""
+    w = torch.randn(300, 64, generator=gen) * 0.1
+    w[11] = w[200] = w[10]
+    w[12] = torch.nextafter(w[10], torch.full_like(w[10], 1.0))
+    x = torch.randn(12, 64, generator=gen)
+    x[:4] = w[10] * 50 + torch.randn(4, 64, generator=gen) * 1e-3
+    return w, x
+
+
+@pytest.mark.parametrize("copy", COPIES)
+def test_the_choice_is_the_full_layers_argmax(copy):
+    kernel = kernel_or_why()
+    if kernel is None:
+        return
+    gen = torch.Generator().manual_seed(0)
+    for weight, x in [near_ties(gen), (torch.randn(1000, 96, generator=gen), torch.randn(9, 96, generator=gen) * 3)]:
+        out = GreedyOutput(weight, kernel, copy)
+        full = kernel.linear(x, kernel.pack(weight), None)
+        candidates = torch.zeros(x.shape[0], dtype=torch.long)
+        assert torch.equal(out.choose(x, candidates), full.max(-1).indices)
+        assert (candidates >= 1).all() and (candidates <= weight.shape[0]).all()
+        for i in range(x.shape[0]):   # a row alone gets what it gets among others
+            assert torch.equal(out.choose(x[i:i + 1]), full[i:i + 1].max(-1).indices)
+    weight, x = near_ties(gen)
+    assert int(GreedyOutput(weight, kernel, copy).choose(x[:1])) in (10, 12)   # the first of the tied rows, or the ulp
+
+
+@pytest.mark.parametrize("copy", COPIES)
+def test_nans_and_infinities_choose_as_torch_does(copy):
+    kernel = kernel_or_why()
+    if kernel is None:
+        return
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(200, 32, generator=gen)
+    weight[150, 3] = float("nan")
+    x = torch.randn(3, 32, generator=gen)
+    x[1, 0] = float("inf")
+    x[2] = 0.0
+    x[2, 3] = 1.0   # reaches the NaN weight
+    out = GreedyOutput(weight, kernel, copy)
+    full = kernel.linear(x, kernel.pack(weight), None)
+    assert torch.equal(out.choose(x), full.max(-1).indices)
+
+
+@pytest.mark.parametrize("copy", COPIES)
+def test_the_bound_holds_for_every_output(copy):
+    """|exact - approximate| <= |x|_2 * bound_j: what the choice's exactness rests on."""
+    kernel = kernel_or_why()
+    if kernel is None:
+        return
+    gen = torch.Generator().manual_seed(2)
+    weight = torch.randn(500, 128, generator=gen) * torch.rand(500, 1, generator=gen)
+    out = GreedyOutput(weight, kernel, copy)
+    x = torch.randn(16, 128, generator=gen) * 10
+    exact = kernel.linear(x, kernel.pack(weight), None).double()
+    approx = kernel.linear(x, out.approx, None).double()
+    limit = x.double().norm(dim=1, keepdim=True) * out.bound.double()
+    assert ((exact - approx).abs() <= limit).all()
+    assert (out.bound > 0).all() and bool((limit > (exact - approx).abs() * 1.01).any())
+
+
+def test_a_verify_gives_the_choices_its_logits_give():
+    target = tiny_target("llama", seed=5)
+    if target.forward_kind != "lean-native":
+        return
+    assert target.lean.native.greedy is not None
+    cache = target.new_cache()
+    target.prefill([1, 7, 9, 4, 22], cache)
+    tree = TokenTree([4, 8, 9, 30, 31], [-1, 0, 0, 1, 1])
+    logits, feats = target.verify(tree, cache, features=True)
+    target.rollback(cache, 5)
+    choices, same_feats = target.verify(tree, cache, features=True, choices=True)
+    assert torch.equal(choices, logits.max(-1).indices) and torch.equal(feats, same_feats)
