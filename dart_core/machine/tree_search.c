@@ -246,8 +246,8 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
 
 /* The k largest of each of R rows of logits [R, V] (1 <= k <= V), best first and the earlier of equal ones first, with
    their softmax over those k (renormalised as the reference does): the rows the search reads, taken from the draft
-   head's logits in one pass instead of torch's top-k, softmax and copies (a quarter of a millisecond a step on the
-   AMX Xeon). A NaN counts as -inf. */
+   head's logits in one pass instead of torch's top-k, softmax and copies (inside decoding on the AMX Xeon, 0.17
+   against 0.28 ms a step). A NaN counts as -inf. */
 typedef float v16 __attribute__((vector_size(64)));
 typedef int i16 __attribute__((vector_size(64)));
 
