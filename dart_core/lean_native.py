@@ -29,7 +29,7 @@ NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)   # the weights the C layer reads (it computes in fp32)
 MIN_TABLE = 1024          # positions the rotation table starts with (it doubles when a run goes past it)
 HEAD_DIM_STEP, MAX_HEAD_DIM = 16, 512   # the head sizes the C attention takes (lean_layer.c: VW, MAX_HEAD_DIM)
-GREEDY_COPY = torch.int8   # the output layer's copy greedy steps read (greedy_output.py; measured: docs/cpu-speed.md)
+GREEDY_COPY = torch.int8   # the output layer's copy greedy steps read (greedy_output.py; docs/cpu-speed.md, section 11)
 
 
 def unsupported(model, hardware) -> str | None:
@@ -74,9 +74,11 @@ class NativeLayers:
         self.layers = [self._packed(w) for w in lean.layers]
         self.output = kernel.pack(lean.output.weight, self.weights)
         self.output_bias = _flat(lean.output.bias)
-        # greedy steps choose from a smaller copy of the output layer, exactly (greedy_output.py): an fp32 model's
+        # greedy steps choose from a smaller copy of the output layer, exactly (greedy_output.py): an fp32 model's, up
+        # to the rows where it was measured faster than the full layer (setup/calibration.py: greedy_copy_rows)
         self.greedy = GreedyOutput(lean.output.weight, kernel, GREEDY_COPY) \
             if self.weights == torch.float32 and lean.output.bias is None else None
+        self.greedy_rows = self.max_rows if self.greedy is not None else 0
         self.intermediate = lean.layers[0].down.in_features
         self.cos = self.sin = torch.empty(0, lean.head_dim)
 
@@ -128,7 +130,7 @@ class NativeLayers:
         normed = torch.empty_like(rows)
         lib.lean_final_norm(rows.data_ptr(), self.norm_out.data_ptr(), normed.data_ptr(), rows.shape[0], D, lean.eps)
         feats = torch.cat([captured[i] for i in taps], dim=-1) if taps else None
-        if choices and self.greedy is not None:
+        if choices and n <= self.greedy_rows:
             return self.greedy.choose(normed), feats
         logits = self.kernel.linear(normed, self.output, self.output_bias)
         return (greedy_ids(logits) if choices else logits), feats

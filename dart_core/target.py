@@ -58,6 +58,7 @@ class TargetModel:
         self.own_output_layer = _logits_are_output_layer(self)
         self.fast_linears: FastLinears | None = None
         self.lean: LeanForward | None = None
+        self.greedy_copy_rows: int | None = None   # measured: greedy steps of up to these rows read the output copy
 
     def use_lean(self, on: bool = True, graphs: bool = True) -> str | None:
         """Decode through the lean forward over a static cache (dart_core.lean_forward) where this model's family
@@ -73,7 +74,16 @@ class TargetModel:
         if self.lean is not None and graphs and native_unsupported(self.model, self.hardware) is None:
             kernel = few_rows.kernel(self.hardware.kind)
             self.lean.native = NativeLayers(self.lean, kernel) if kernel is not None else None
+            self.use_greedy_copy(self.greedy_copy_rows)
         return why
+
+    def use_greedy_copy(self, rows: int | None) -> None:
+        """Greedy steps of up to `rows` rows choose from the output layer's copy (dart_core.greedy_output), larger ones
+        from the full layer; None: every step the C layer serves (the copy's rows as measured: setup.calibration)."""
+        self.greedy_copy_rows = rows
+        native = self.lean.native if self.lean is not None else None
+        if native is not None and native.greedy is not None:
+            native.greedy_rows = native.max_rows if rows is None else min(rows, native.max_rows)
 
     @property
     def forward_kind(self) -> str:

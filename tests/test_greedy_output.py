@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dart_core.greedy_output import GreedyOutput
+from dart_core.setup.calibration import copy_rows, greedy_copy_rows, measure_greedy_copy
 from dart_core.machine import few_rows
 from dart_core.machine.hardware import detect
 from dart_core.setup.tiny_models import tiny_target
@@ -99,3 +100,33 @@ def test_a_verify_gives_the_choices_its_logits_give():
     target.rollback(cache, 5)
     choices, same_feats = target.verify(tree, cache, features=True, choices=True)
     assert torch.equal(choices, logits.max(-1).indices) and torch.equal(feats, same_feats)
+
+
+def test_the_copy_serves_the_rows_where_it_was_never_slower():
+    record = {"rows": [1, 4, 8, 16], "full": [0.020, 0.021, 0.023, 0.029], "copy": [0.017, 0.021, 0.024, 0.028]}
+    assert copy_rows(record) == 4          # slower at 8: the full layer from there on, whatever 16 said
+    assert copy_rows({**record, "copy": [0.021, 0.01, 0.01, 0.01]}) == 0
+    assert copy_rows({**record, "copy": record["full"]}) == 16
+
+
+def test_the_copys_rows_are_measured_and_applied(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = tiny_target("llama", seed=6)
+    if target.forward_kind != "lean-native":
+        assert greedy_copy_rows(target) is None   # no C layer: no copy to measure
+        return
+    native = target.lean.native
+    record = measure_greedy_copy(target, rows=(1, 4), rounds=1)
+    assert record["rows"] == [1, 4] and all(t > 0 for t in record["full"] + record["copy"])
+    assert native.greedy_rows == native.max_rows             # the measurement leaves the copy as it found it
+    rows = greedy_copy_rows(target)
+    assert rows in (0, 1, 4, 8, 16, 32, 64) and greedy_copy_rows(target) == rows   # the second read: the cached file
+    cache = target.new_cache()
+    target.prefill([1, 7, 9, 4, 22], cache)
+    tree = TokenTree([4, 8, 9, 30, 31], [-1, 0, 0, 1, 1])
+    expected = target.verify(tree, cache)[0].max(-1).indices
+    for served in (0, 4, None):   # the full layer, the copy up to 4 rows, the copy everywhere: the same choices
+        target.use_greedy_copy(served)
+        assert native.greedy_rows == (native.max_rows if served is None else served)
+        target.rollback(cache, 5)
+        assert torch.equal(target.verify(tree, cache, choices=True)[0], expected)

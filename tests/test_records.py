@@ -102,6 +102,13 @@ def test_the_kernels_in_use_keep_their_file_form():
     assert through_json(machine).kernels == kernels and machine.to_dict()["kernels"] == written
 
 
+def test_the_output_copys_rows_keep_their_file_form_and_their_words():
+    machine = MachineRecord(summary="a CPU", forward="lean-native", greedy_copy_rows=16)
+    assert through_json(machine) == machine and machine.to_dict()["greedy_copy_rows"] == 16
+    assert machine.text() == "a CPU · fp32 · lean-native forward · output copy up to 16 rows"
+    assert "greedy_copy_rows" not in MachineRecord(summary="a CPU").to_dict()   # none measured: nothing written
+
+
 def test_run_settings_say_how_the_run_was_made_in_one_line():
     assert SamplingConfig().text() == "greedy"
     assert SamplingConfig(0.7, 0.9, 50, 3).text() == "temperature 0.7, top-p 0.9, top-k 50, seed 3"

@@ -184,12 +184,15 @@ class MachineRecord:
     cost_curve: CostCurve | None = None
     draft_kernels: DraftKernelChoice | None = None
     forward: str = ""     # which forward decoded (TargetModel.forward_kind); "" in records older than it
+    greedy_copy_rows: int | None = None   # greedy steps of up to these rows read the output layer's copy (measured)
 
     def text(self) -> str:
-        """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · drafting in int8'."""
+        """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · output copy up to 16 rows
+        · drafting in int8'."""
         forward = f" · {self.forward} forward" if self.forward else ""
+        copy = f" · output copy up to {self.greedy_copy_rows} rows" if self.greedy_copy_rows is not None else ""
         drafting = f" · drafting in {self.draft_kernels.kernels}" if self.draft_kernels is not None else ""
-        return f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{drafting}"
+        return f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{copy}{drafting}"
 
     def to_dict(self) -> dict:
         d = {"hardware": self.hardware.to_dict(), "summary": self.summary,
@@ -198,6 +201,8 @@ class MachineRecord:
              "cost_curve": None if self.cost_curve is None else self.cost_curve.to_dict(), "forward": self.forward}
         if self.draft_kernels is not None:
             d["draft_kernels"] = self.draft_kernels.to_dict()
+        if self.greedy_copy_rows is not None:
+            d["greedy_copy_rows"] = self.greedy_copy_rows
         return d
 
     @classmethod
@@ -211,4 +216,5 @@ class MachineRecord:
             dtype_choice=DtypeChoice.from_dict(d["dtype_choice"]) if d.get("dtype_choice") else None,
             cost_curve=CostCurve.from_dict(d["cost_curve"]) if d.get("cost_curve") else None,
             draft_kernels=DraftKernelChoice.from_dict(d["draft_kernels"]) if d.get("draft_kernels") else None,
-            forward=str(d.get("forward") or ""))
+            forward=str(d.get("forward") or ""),
+            greedy_copy_rows=int(d["greedy_copy_rows"]) if d.get("greedy_copy_rows") is not None else None)

@@ -32,6 +32,7 @@ from .files import write_atomic
 
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # verify sizes (tree nodes + root) measured
 GPU_CURVE_ROWS = CURVE_ROWS + (96, 128, 192, 256)          # on a GPU, up to the largest budget it considers
+GREEDY_COPY_ROWS = (1, 4, 8, 16, 32, 64)   # greedy verify sizes at which the output layer's copy is timed
 CURVE_ROUNDS = 3           # timed passes over every size, interleaved (a slow moment hits all sizes alike); median
 CURVE_FIT = "median3+isotonic"   # how the cached curve was made: a curve made another way is measured again
 FORMAT = "dart-lab-calibration/1"
@@ -137,9 +138,59 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
     # who applies the output layer too: ours (its kernel in the plan) or the model's own forward
     output = "own-output-layer" if target.own_output_layer else "model"
     name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}|{output}|"
-                                       f"{CURVE_FIT}|{target.forward_kind}|{curve_rows(target.device.type)}")
+                                       f"{CURVE_FIT}|{target.forward_kind}|{curve_rows(target.device.type)}|"
+                                       f"copy {target.greedy_copy_rows}")
     return cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
                    "the verify cost curve")
+
+
+@torch.inference_mode()
+def measure_greedy_copy(target: TargetModel, rows: tuple[int, ...] = GREEDY_COPY_ROWS, context: int = CURVE_CONTEXT,
+                        rounds: int = CURVE_ROUNDS) -> dict:
+    """Seconds of a greedy verify of k tokens after `context` tokens with the output layer read whole in fp32 and from
+    its copy (dart_core.greedy_output), side by side: the median of `rounds` interleaved passes after a warm-up."""
+    native = target.lean.native
+    kept = native.greedy_rows
+    context = min(context, target.max_positions - max(rows) - 1)
+    cache = target.new_cache()
+    ids = [i % target.vocab_size for i in range(100, 100 + context)]
+    target.prefill(ids, cache)
+    trees = [TokenTree.chain(ids[-1], ids[:k - 1]) for k in rows]
+    times = {"full": [[] for _ in rows], "copy": [[] for _ in rows]}
+    try:
+        for round_ in range(rounds + 1):   # the first pass is a warm-up
+            for i, tree in enumerate(trees):
+                for mode, served in (("full", 0), ("copy", native.max_rows)):
+                    native.greedy_rows = served
+                    t0 = time.perf_counter()
+                    target.verify(tree, cache, choices=True)
+                    if round_:
+                        times[mode][i].append(time.perf_counter() - t0)
+                    target.rollback(cache, context)
+    finally:
+        native.greedy_rows = kept
+    return {"rows": list(rows), **{mode: [round(float(np.median(t)), 6) for t in ts] for mode, ts in times.items()}}
+
+
+def copy_rows(record: dict) -> int:
+    """The rows up to which the copy was never slower than the full layer (0: never faster)."""
+    served = 0
+    for k, full, copy in zip(record["rows"], record["full"], record["copy"]):
+        if copy > full:
+            break
+        served = k
+    return served
+
+
+def greedy_copy_rows(target: TargetModel, recalibrate: bool = False) -> int | None:
+    """Up to how many rows greedy steps read the output layer's copy here (measured once, cached); None where the C
+    layer has no copy (no C layer, a bf16 model, an output bias)."""
+    native = target.lean.native if target.lean is not None else None
+    if native is None or native.greedy is None:
+        return None
+    name = machine_key(target, "greedy-copy", f"{native.greedy.kind}|{target.vocab_size}|{GREEDY_COPY_ROWS}")
+    return cached(name, recalibrate, lambda: measure_greedy_copy(target), copy_rows, lambda record: record,
+                  "the output layer's copy for greedy steps")
 
 
 def _one_token_forward(target: TargetModel):
@@ -164,7 +215,7 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
                          target.fast_linears.summary() if target.fast_linears is not None else None,
                          dtype_spelling(target.dtype), target.dtype_choice,
                          cost_curve(target, model_name) if with_curve else None, draft_kernels,
-                         target.forward_kind)
+                         target.forward_kind, target.greedy_copy_rows)
 
 
 INT8_MARGIN = 0.9      # int8 weights (whose rows differ a little) must take at most this share of the others' best
