@@ -56,26 +56,30 @@ def unpacked(approx: PackedWeight, n: int):
 
 
 class GreedyOutput:
-    """An output layer (weight [N, K], no bias) that gives the argmax of x w^T per row, exactly, reading a bf16 or
-    int8 copy of the weight and the few rows of the fp32 weight that copy leaves in doubt."""
+    """An output layer (weight [N, K] in fp32 or bf16, no bias) that gives the argmax of x w^T per row as our product
+    computes it from that weight, exactly, reading a smaller copy of the weight (bf16 or int8; int8 for a bf16 weight)
+    and the few rows of the weight itself that the copy leaves in doubt."""
 
     def __init__(self, weight: torch.Tensor, kernel: FewRowsKernel, kind: torch.dtype = torch.bfloat16):
-        if kind not in (torch.bfloat16, torch.int8):
-            raise ValueError(f"the output layer's copy is bf16 or int8, not {kind}")
+        if kind not in (torch.bfloat16, torch.int8) or weight.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"the output layer's copy is bf16 or int8 of an fp32 or bf16 weight, not {kind} of "
+                             f"{weight.dtype}")
         self.kernel, self.kind = kernel, kind
-        self.weight = weight.detach().float().contiguous()
+        self.weight = weight.detach().contiguous()   # read in place: its rows in doubt are computed from it
         self.approx = kernel.pack(self.weight, kind)
         self.bound = choice_bounds(self.weight, self.approx)
 
     def choose(self, x: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
-        """The argmax of x w^T per row of x [M, K] (fp32), as `(x @ w.T).max(-1).indices` by the fp32 product gives it;
-        `candidates` (a [M] long tensor, optional) receives how many outputs each row computed exactly."""
+        """The argmax of x w^T per row of x [M, K] (fp32), the first of equal maxima, as our fp32 product from the weight
+        computes the logits; `candidates` (a [M] long tensor, optional) receives how many outputs each row computed
+        exactly."""
         x = x.float().contiguous()
         m, (n, k) = x.shape[0], self.weight.shape
         out = torch.empty(m, dtype=torch.long)
         scratch = torch.empty(m, n)
         self.kernel.lib.few_rows_choose(
             x.data_ptr(), self.approx.blocks.data_ptr(), WEIGHT_KINDS[self.kind], self.bound.data_ptr(),
-            self.weight.data_ptr(), m, k, n, torch.get_num_threads(), scratch.data_ptr(), out.data_ptr(),
+            self.weight.data_ptr(), WEIGHT_KINDS[self.weight.dtype], m, k, n, torch.get_num_threads(),
+            scratch.data_ptr(), out.data_ptr(),
             None if candidates is None else candidates.data_ptr())
         return out

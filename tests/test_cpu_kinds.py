@@ -51,6 +51,7 @@ ON_ATEN_KINDS = [
     "tests/test_few_rows.py::test_int8_weights_give_the_product_of_their_scaled_values",
     "tests/test_few_rows.py::test_the_argmax_picks_what_torchs_max_picks",
     "tests/test_greedy_output.py::test_the_choice_is_the_full_layers_argmax",
+    "tests/test_greedy_output.py::test_a_bf16_layer_chooses_as_its_bf16_product_does",
     "tests/test_greedy_output.py::test_nans_and_infinities_choose_as_torch_does",
     "tests/test_greedy_output.py::test_the_bound_holds_for_every_output",
     "tests/test_greedy_output.py::test_a_verify_gives_the_choices_its_logits_give",

@@ -54,6 +54,23 @@ def test_the_choice_is_the_full_layers_argmax(copy):
     assert int(GreedyOutput(weight, kernel, copy).choose(x[:1])) in (10, 12)   # the first of the tied rows, or the ulp
 
 
+def test_a_bf16_layer_chooses_as_its_bf16_product_does():
+    """A bf16 model's output layer (its weight read in place): the int8 copy's choice is the argmax of the product
+    of the bf16 weights, ties included."""
+    kernel = kernel_or_why()
+    if kernel is None:
+        return
+    gen = torch.Generator().manual_seed(3)
+    weight, x = near_ties(gen)
+    weight = weight.bfloat16()
+    out = GreedyOutput(weight, kernel, torch.int8)
+    assert out.weight.data_ptr() == weight.data_ptr()   # no fp32 copy of a bf16 weight
+    full = kernel.linear(x, kernel.pack(weight, torch.bfloat16), None)
+    assert torch.equal(out.choose(x), full.max(-1).indices)
+    with pytest.raises(ValueError, match="bf16 or int8"):
+        GreedyOutput(weight, kernel, torch.float32)
+
+
 @pytest.mark.parametrize("copy", COPIES)
 def test_nans_and_infinities_choose_as_torch_does(copy):
     kernel = kernel_or_why()

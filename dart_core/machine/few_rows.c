@@ -261,10 +261,11 @@ void few_rows_argmax(const float *y, long M, long N, int threads, long *out) {
    rounding of both products over K terms (dart_core/greedy_output.py); times |x|_2 it bounds |y_j - approx y_j|. Every
    j whose approximate logit plus its bound reaches the largest approximate logit less its bound is a candidate; the
    argmax is among them, and they are computed by this file's fp32 product (the same arithmetic, so the same bits) from
-   w's own rows (w: [N, K] fp32, row-major). scratch: M * N floats. A row with a NaN or an infinity anywhere takes
-   every output exactly. candidates (may be NULL): how many outputs each row computed exactly. */
-void few_rows_choose(const float *x, const void *approx, int approx_kind, const float *bound, const float *w,
-                     long M, long K, long N, int threads, float *scratch, long *out, long *candidates) {
+   w's own rows (w: [N, K] row-major, fp32, or bf16 (w_kind 1), widened exactly as the bf16 product widens them).
+   scratch: M * N floats. A row with a NaN or an infinity anywhere takes every output exactly. candidates (may be
+   NULL): how many outputs each row computed exactly. */
+void few_rows_choose(const float *x, const void *approx, int approx_kind, const float *bound, const void *w,
+                     int w_kind, long M, long K, long N, int threads, float *scratch, long *out, long *candidates) {
     if (approx_kind == 1)
         few_rows_linear_bf16(x, approx, 0, scratch, M, K, N, threads);
     else
@@ -298,8 +299,17 @@ void few_rows_choose(const float *x, const void *approx, int approx_kind, const 
             if (count == VW || (j == N && count)) {
                 float block[K * VW], exact[VW];
                 vf part[1];
-                for (long k = 0; k < K; k++)
-                    for (int l = 0; l < VW; l++) block[k * VW + l] = l < count ? w[pending[l] * K + k] : 0.0f;
+                for (int l = 0; l < VW; l++) {   /* a block of the candidates' rows, packed as the products read */
+                    const float *row32 = (const float *)w + pending[l < count ? l : 0] * K;
+                    const bf16 *row16 = (const bf16 *)w + pending[l < count ? l : 0] * K;
+                    for (long k = 0; k < K; k++) {
+                        union { unsigned int u; float f; } v = {0};
+                        if (l >= count) v.f = 0.0f;
+                        else if (w_kind == 1) v.u = (unsigned int)row16[k] << 16;   /* exact, as load_bf16 */
+                        else v.f = row32[k];
+                        block[k * VW + l] = v.f;
+                    }
+                }
                 f32_rows_1(xm, block, 0, 0, exact, K, count, 0, 1, 0, K, part);
                 for (int l = 0; l < count; l++) {
                     float v = exact[l];

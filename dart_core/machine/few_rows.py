@@ -110,7 +110,7 @@ class FewRowsKernel:
         self.lib.dart_search.restype = n
         self.lib.few_rows_argmax.argtypes = [p, n, n, ctypes.c_int, p]
         self.lib.few_rows_argmax.restype = None
-        self.lib.few_rows_choose.argtypes = [p, p, ctypes.c_int, p, p, n, n, n, ctypes.c_int, p, p, p]
+        self.lib.few_rows_choose.argtypes = [p, p, ctypes.c_int, p, p, ctypes.c_int, n, n, n, ctypes.c_int, p, p, p]
         self.lib.few_rows_choose.restype = None
         self.lib.draft_rows_top.argtypes = [p, n, n, n, p, p]
         self.lib.draft_rows_top.restype = None
