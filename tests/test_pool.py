@@ -44,6 +44,19 @@ def test_a_pool_accepts_by_hand():
     assert by_length.tolist() == [[1, 2], [1, 2], [2, 2]] and nodes_by_length.tolist() == [[1, 4], [1, 4], [3, 5]]
 
 
+def test_a_candidates_rank_alone_is_its_rank_in_the_whole_pool():
+    """The automatic budget ranks only the candidates it asks about: the same ranks as sorting the whole pool, ties
+    in score broken by level, then by the pool's order."""
+    gen = np.random.default_rng(0)
+    n = 400
+    pool = CandidatePool(np.arange(n), np.full(n, -1), gen.integers(0, 6, n).astype(np.float64) * -0.5,
+                         gen.integers(0, 3, n).astype(np.int32))
+    whole = np.empty(n, dtype=np.int64)
+    whole[np.lexsort((pool.level, -pool.score))] = np.arange(n)
+    assert (pool.ranks_of(np.arange(n)) == whole).all()
+    assert list(pool.ranks_of([7, 3])) == [whole[7], whole[3]] and pool.ranks_of([]).size == 0
+
+
 def test_replay_steps_carry_the_context_and_what_the_target_said_next():
     trace = two_steps()                          # prefill ROOT, step 1 emits 21 32, step 2 emits 22 31
     steps = list(replay_steps(trace))

@@ -5,7 +5,7 @@ form (reading what older traces wrote) and its one line of text; dart_core.budge
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from ..machine.records import CostCurve
 
@@ -33,10 +33,7 @@ class BudgetChoice:
                 f"from {self.steps_seen} steps")
 
     def to_dict(self) -> dict:
-        def r(v):
-            return [round(float(x), 3) for x in v] if isinstance(v, list) else round(float(v), 4) \
-                if isinstance(v, float) else v
-        return {k: r(v) for k, v in asdict(self).items()}
+        return {f.name: _rounded(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "BudgetChoice":
@@ -48,8 +45,15 @@ class BudgetChoice:
         return cls(**{"lookup_tokens": None, **known})
 
     def recorded(self) -> "BudgetChoice":
-        """The choice as a step records it (its estimates rounded as the file keeps them)."""
-        return BudgetChoice.from_dict(self.to_dict())
+        """The choice as a step records it (its estimates rounded as the file keeps them): what from_dict(to_dict())
+        gives, made directly (the automatic budget makes one every few steps)."""
+        return BudgetChoice(**self.to_dict())
+
+
+def _rounded(v):
+    """A BudgetChoice field as its file keeps it: estimates to 4 places, the per-budget lists to 3."""
+    return [round(float(x), 3) for x in v] if isinstance(v, list) else round(float(v), 4) if isinstance(v, float) \
+        else v
 
 
 @dataclass
