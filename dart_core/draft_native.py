@@ -112,7 +112,6 @@ class NativeDraftHead:
             rows = normed
         return self.kernel.linear(rows, self.output, None)
 
-
     def top_rows(self, logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Each row's top k of `step`'s logits [R, Vd] (draft ids, best first) and their softmax over the k, in one
         pass of our C code (machine/tree_search.c: draft_rows_top)."""

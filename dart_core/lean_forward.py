@@ -76,7 +76,8 @@ class StaticKV:
 
     @torch.inference_mode()
     def keep(self, past: int, kept: torch.Tensor) -> None:
-        """After a verify block at `past`, keep entries past + kept[i] (in order) at past + i: one gather, one copy."""
+        """After a verify block at `past`, keep entries past + kept[i] (in order) at past + i: an accepted path's
+        entries out of place copied down one by one, any other order by one gather."""
         n = kept.numel()
         if n and int(kept.max()) >= self.length - past:
             raise ValueError("kept node outside the verified block")
