@@ -112,23 +112,35 @@ def measure_cost_curve(target: TargetModel, rows: tuple[int, ...] | None = None,
     greedy decoding runs it (the target's choices, not its logits: TargetModel.verify): `rounds` passes over every size
     after a warm-up pass, the median per size, fitted never to decrease."""
     rows = rows or curve_rows(target.device.type)
+    context, medians = _verify_times(target, rows, context, rounds, {"": lambda: None})
+    medians = tuple(medians[""])
+    return CostCurve(tuple(rows), monotone_fit(medians), context, medians)
+
+
+def _verify_times(target: TargetModel, rows: tuple[int, ...], context: int, rounds: int,
+                  ways: dict) -> tuple[int, dict[str, list[float]]]:
+    """The median seconds of a greedy verify of a chain of k tokens after `context` tokens, for each k of `rows` and
+    each way of `ways` (a name and what sets it up before each verify): `rounds` interleaved passes over every size
+    and way after a warm-up pass (a slow moment hits them all alike). Returns the context used (clamped to the
+    model's positions) and the medians by way."""
     context = min(context, target.max_positions - max(rows) - 1)
     cache = target.new_cache()
     ids = [i % target.vocab_size for i in range(100, 100 + context)]
     target.prefill(ids, cache)
     trees = [TokenTree.chain(ids[-1], ids[:k - 1]) for k in rows]
-    times: list[list[float]] = [[] for _ in rows]
+    times = {name: [[] for _ in rows] for name in ways}
     for round_ in range(rounds + 1):   # the first pass is a warm-up
         for i, tree in enumerate(trees):
-            t0 = time.perf_counter()
-            target.verify(tree, cache, choices=True)
-            if target.device.type == "cuda":
-                torch.cuda.synchronize()
-            if round_:
-                times[i].append(time.perf_counter() - t0)
-            target.rollback(cache, context)
-    medians = tuple(float(np.median(t)) for t in times)
-    return CostCurve(tuple(rows), monotone_fit(medians), context, medians)
+            for name, set_up in ways.items():
+                set_up()
+                t0 = time.perf_counter()
+                target.verify(tree, cache, choices=True)
+                if target.device.type == "cuda":
+                    torch.cuda.synchronize()
+                if round_:
+                    times[name][i].append(time.perf_counter() - t0)
+                target.rollback(cache, context)
+    return context, {name: [float(np.median(t)) for t in ts] for name, ts in times.items()}
 
 
 def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) -> CostCurve:
@@ -147,29 +159,20 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
 @torch.inference_mode()
 def measure_greedy_copy(target: TargetModel, rows: tuple[int, ...] = GREEDY_COPY_ROWS, context: int = CURVE_CONTEXT,
                         rounds: int = CURVE_ROUNDS) -> dict:
-    """Seconds of a greedy verify of k tokens after `context` tokens with the output layer read whole in fp32 and from
-    its copy (dart_core.greedy_output), side by side: the median of `rounds` interleaved passes after a warm-up."""
+    """Seconds of a greedy verify of k tokens after `context` tokens with the output layer read whole and from its
+    copy (dart_core.greedy_output), side by side: the median of `rounds` interleaved passes after a warm-up."""
     native = target.lean.native
     kept = native.greedy_rows
-    context = min(context, target.max_positions - max(rows) - 1)
-    cache = target.new_cache()
-    ids = [i % target.vocab_size for i in range(100, 100 + context)]
-    target.prefill(ids, cache)
-    trees = [TokenTree.chain(ids[-1], ids[:k - 1]) for k in rows]
-    times = {"full": [[] for _ in rows], "copy": [[] for _ in rows]}
+
+    def serve(served: int):
+        def set_up():
+            native.greedy_rows = served
+        return set_up
     try:
-        for round_ in range(rounds + 1):   # the first pass is a warm-up
-            for i, tree in enumerate(trees):
-                for mode, served in (("full", 0), ("copy", native.max_rows)):
-                    native.greedy_rows = served
-                    t0 = time.perf_counter()
-                    target.verify(tree, cache, choices=True)
-                    if round_:
-                        times[mode][i].append(time.perf_counter() - t0)
-                    target.rollback(cache, context)
+        _, medians = _verify_times(target, rows, context, rounds, {"full": serve(0), "copy": serve(native.max_rows)})
     finally:
         native.greedy_rows = kept
-    return {"rows": list(rows), **{mode: [round(float(np.median(t)), 6) for t in ts] for mode, ts in times.items()}}
+    return {"rows": list(rows), **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
 
 
 def copy_rows(record: dict) -> int:
@@ -184,7 +187,7 @@ def copy_rows(record: dict) -> int:
 
 def greedy_copy_rows(target: TargetModel, recalibrate: bool = False) -> int | None:
     """Up to how many rows greedy steps read the output layer's copy here (measured once, cached); None where the C
-    layer has no copy (no C layer, a bf16 model, an output bias)."""
+    layer has no copy (no C layer, or an output bias)."""
     native = target.lean.native if target.lean is not None else None
     if native is None or native.greedy is None:
         return None
