@@ -232,6 +232,11 @@ static row_best best_in(const float *row, long lo, long hi) {
     return b;
 }
 
+/* The best of b and then c, whose columns come after b's: c wins by a larger value only, or by a NaN where b has none. */
+static row_best then(row_best b, row_best c) {
+    return b.nan < 0 && (c.nan >= 0 || (c.index >= 0 && (b.index < 0 || c.value > b.value))) ? c : b;
+}
+
 void few_rows_argmax(const float *y, long M, long N, int threads, long *out) {
     long blocks = (N + VW - 1) / VW;
     int most = threads > 0 ? threads : 1, used = 1;
@@ -246,10 +251,7 @@ void few_rows_argmax(const float *y, long M, long N, int threads, long *out) {
     }
     for (long m = 0; m < M; m++) {
         row_best b = {-INFINITY, -1, -1};
-        for (int t = 0; t < used && b.nan < 0; t++) {   /* column order: a later share wins by a larger value only */
-            row_best c = bests[t][m];
-            if (c.nan >= 0 || (c.index >= 0 && (b.index < 0 || c.value > b.value))) b = c;
-        }
+        for (int t = 0; t < used; t++) b = then(b, bests[t][m]);   /* the shares in column order */
         out[m] = b.index;
     }
 }
@@ -264,6 +266,13 @@ void few_rows_argmax(const float *y, long M, long N, int threads, long *out) {
    w's own rows (w: [N, K] row-major, fp32, or bf16 (w_kind 1), widened exactly as the bf16 product widens them).
    scratch: M * N floats. A row with a NaN or an infinity anywhere takes every output exactly. candidates (may be
    NULL): how many outputs each row computed exactly. */
+/* Entry `at` of a weight in fp32, or in bf16 (kind 1) widened exactly, as load_bf16 widens it. */
+static inline float weight_at(const void *w, int kind, long at) {
+    if (kind != 1) return ((const float *)w)[at];
+    union { unsigned int u; float f; } v = {(unsigned int)((const bf16 *)w)[at] << 16};
+    return v.f;
+}
+
 void few_rows_choose(const float *x, const void *approx, int approx_kind, const float *bound, const void *w,
                      int w_kind, long M, long K, long N, int threads, float *scratch, long *out, long *candidates) {
     if (approx_kind == 1)
@@ -289,37 +298,25 @@ void few_rows_choose(const float *x, const void *approx, int approx_kind, const 
         }
         float slack = margin * (big + xn * widest) * 2.0f;
         /* pass 2: the candidates, in ascending order, computed exactly VW at a time */
-        float best = -INFINITY;
-        long chosen = -1, seen = 0;
-        long pending[VW];
+        row_best b = {-INFINITY, -1, -1};
+        long pending[VW], seen = 0;
         int count = 0;
         for (long j = 0; j <= N; j++) {
-            int take = j < N && (!finite || z[j] + xn * bound[j] + slack >= floor_);
-            if (take) pending[count++] = j, seen++;
+            if (j < N && (!finite || z[j] + xn * bound[j] + slack >= floor_)) pending[count++] = j, seen++;
             if (count == VW || (j == N && count)) {
                 float block[K * VW], exact[VW];
                 vf part[1];
-                for (int l = 0; l < VW; l++) {   /* a block of the candidates' rows, packed as the products read */
-                    const float *row32 = (const float *)w + pending[l < count ? l : 0] * K;
-                    const bf16 *row16 = (const bf16 *)w + pending[l < count ? l : 0] * K;
-                    for (long k = 0; k < K; k++) {
-                        union { unsigned int u; float f; } v = {0};
-                        if (l >= count) v.f = 0.0f;
-                        else if (w_kind == 1) v.u = (unsigned int)row16[k] << 16;   /* exact, as load_bf16 */
-                        else v.f = row32[k];
-                        block[k * VW + l] = v.f;
-                    }
-                }
+                for (int l = 0; l < VW; l++)   /* the candidates' rows, each read along, packed as the products read */
+                    for (long k = 0; k < K; k++)
+                        block[k * VW + l] = l < count ? weight_at(w, w_kind, pending[l] * K + k) : 0.0f;
                 f32_rows_1(xm, block, 0, 0, exact, K, count, 0, 1, 0, K, part);
-                for (int l = 0; l < count; l++) {
-                    float v = exact[l];
-                    if (chosen >= 0 && best != best) break;   /* a NaN chosen: the first NaN stays */
-                    if (chosen < 0 || v > best || v != v) best = v, chosen = pending[l];
-                }
+                row_best c = best_in(exact, 0, count);
+                c.index = pending[c.index], c.nan = c.nan >= 0 ? c.index : -1;
+                b = then(b, c);
                 count = 0;
             }
         }
-        out[m] = chosen;
+        out[m] = b.index;
         if (candidates) candidates[m] = seen;
     }
 }

@@ -130,7 +130,6 @@ class FewRowsKernel:
                 w.out_features, torch.get_num_threads())
         return y
 
-
     def argmax(self, y: torch.Tensor) -> torch.Tensor:
         """The index of each row's largest entry in y [M, N] fp32 (M >= 1, N < ARGMAX_COLUMNS), as `y.max(-1)`
         picks it: each thread scans the columns it computed in `linear`, still in its caches."""
