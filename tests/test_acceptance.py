@@ -43,6 +43,9 @@ def test_greedy_ids_are_torchs_argmax_ties_included():
     logits[3] = 0.0
     assert torch.equal(greedy_ids(logits), logits.argmax(-1))
     assert int(greedy_ids(logits[5])) == int(logits[5].argmax())
+    # fp32 logits take our C scan where it is built; other dtypes take torch's max on every machine: both ways here
+    for other in (logits.double(), logits.bfloat16()):
+        assert torch.equal(greedy_ids(other), logits.argmax(-1))
 
 
 def test_sampling_emits_the_target_distribution():
