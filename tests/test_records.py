@@ -102,6 +102,13 @@ def test_the_kernels_in_use_keep_their_file_form():
     assert through_json(machine).kernels == kernels and machine.to_dict()["kernels"] == written
 
 
+def test_one_size_of_the_cost_curve_is_what_its_array_form_gives():
+    """CostCurve.time (plain Python, asked after every verify) and CostCurve.times (numpy, for many sizes at once)."""
+    curve = CostCurve((1, 2, 3, 4, 6, 8, 12, 16), (0.016, 0.0161, 0.0165, 0.0167, 0.0183, 0.0193, 0.0223, 0.026))
+    sizes = [0, 0.5, 1, 1.5, 2, 5, 7.3, 8, 15.9, 16, 16.1, 40]
+    assert [curve.time(k) for k in sizes] == [float(t) for t in curve.times(sizes)]
+
+
 def test_the_output_copys_rows_keep_their_file_form_and_their_words():
     machine = MachineRecord(summary="a CPU", forward="lean-native", greedy_copy_rows=16)
     assert through_json(machine) == machine and machine.to_dict()["greedy_copy_rows"] == 16
