@@ -86,6 +86,12 @@ class TargetModel:
             native.greedy_rows = native.max_rows if rows is None else min(rows, native.max_rows)
 
     @property
+    def greedy_copy_tiles(self) -> bool:
+        """Whether the output layer's copy computes its product on AMX tiles (dart_core.greedy_output)."""
+        native = self.lean.native if self.lean is not None else None
+        return bool(native is not None and native.greedy is not None and native.greedy.tiles_mode == "amx")
+
+    @property
     def forward_kind(self) -> str:
         """Which forward decodes: 'lean-native' (ours, its steps in our C layer), 'lean' (ours, torch's operations)
         or 'transformers'."""

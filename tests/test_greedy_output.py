@@ -16,7 +16,9 @@ from dart_core.tree import TokenTree
 
 HERE = detect()
 KERNEL = few_rows.kernel(HERE.kind)
-COPIES = [torch.bfloat16, torch.int8]
+# (the copy, how an int8 copy's product runs): fp32 FMAs, its tiles' integer sums in plain C (on every machine), and
+# "auto": on AMX tiles where this machine has them, else the FMAs
+COPIES = [(torch.bfloat16, "off"), (torch.int8, "off"), (torch.int8, "stand-in"), (torch.int8, "auto")]
 
 
 def kernel_or_why():
@@ -36,14 +38,14 @@ def near_ties(gen) -> tuple[torch.Tensor, torch.Tensor]:
     return w, x
 
 
-@pytest.mark.parametrize("copy", COPIES)
-def test_the_choice_is_the_full_layers_argmax(copy):
+@pytest.mark.parametrize("copy, tiles", COPIES)
+def test_the_choice_is_the_full_layers_argmax(copy, tiles):
     kernel = kernel_or_why()
     if kernel is None:
         return
     gen = torch.Generator().manual_seed(0)
     for weight, x in [near_ties(gen), (torch.randn(1000, 96, generator=gen), torch.randn(9, 96, generator=gen) * 3)]:
-        out = GreedyOutput(weight, kernel, copy)
+        out = GreedyOutput(weight, kernel, copy, tiles)
         full = kernel.linear(x, kernel.pack(weight), None)
         candidates = torch.zeros(x.shape[0], dtype=torch.long)
         assert torch.equal(out.choose(x, candidates), full.max(-1).indices)
@@ -51,7 +53,7 @@ def test_the_choice_is_the_full_layers_argmax(copy):
         for i in range(x.shape[0]):   # a row alone gets what it gets among others
             assert torch.equal(out.choose(x[i:i + 1]), full[i:i + 1].max(-1).indices)
     weight, x = near_ties(gen)
-    assert int(GreedyOutput(weight, kernel, copy).choose(x[:1])) in (10, 12)   # the first of the tied rows, or the ulp
+    assert int(GreedyOutput(weight, kernel, copy, tiles).choose(x[:1])) in (10, 12)   # the first of the tied rows, or the ulp
 
 
 def test_a_bf16_layer_chooses_as_its_bf16_product_does():
@@ -63,16 +65,17 @@ def test_a_bf16_layer_chooses_as_its_bf16_product_does():
     gen = torch.Generator().manual_seed(3)
     weight, x = near_ties(gen)
     weight = weight.bfloat16()
-    out = GreedyOutput(weight, kernel, torch.int8)
-    assert out.weight.data_ptr() == weight.data_ptr()   # no fp32 copy of a bf16 weight
     full = kernel.linear(x, kernel.pack(weight, torch.bfloat16), None)
-    assert torch.equal(out.choose(x), full.max(-1).indices)
+    for tiles in ("off", "stand-in", "auto"):
+        out = GreedyOutput(weight, kernel, torch.int8, tiles)
+        assert out.weight.data_ptr() == weight.data_ptr()   # no fp32 copy of a bf16 weight
+        assert torch.equal(out.choose(x), full.max(-1).indices)
     with pytest.raises(ValueError, match="bf16 or int8"):
         GreedyOutput(weight, kernel, torch.float32)
 
 
-@pytest.mark.parametrize("copy", COPIES)
-def test_nans_and_infinities_choose_as_torch_does(copy):
+@pytest.mark.parametrize("copy, tiles", COPIES)
+def test_nans_and_infinities_choose_as_torch_does(copy, tiles):
     kernel = kernel_or_why()
     if kernel is None:
         return
@@ -83,26 +86,114 @@ def test_nans_and_infinities_choose_as_torch_does(copy):
     x[1, 0] = float("inf")
     x[2] = 0.0
     x[2, 3] = 1.0   # reaches the NaN weight
-    out = GreedyOutput(weight, kernel, copy)
+    out = GreedyOutput(weight, kernel, copy, tiles)
     full = kernel.linear(x, kernel.pack(weight), None)
     assert torch.equal(out.choose(x), full.max(-1).indices)
 
 
-@pytest.mark.parametrize("copy", COPIES)
-def test_the_bound_holds_for_every_output(copy):
-    """|exact - approximate| <= |x|_2 * bound_j: what the choice's exactness rests on."""
+@pytest.mark.parametrize("copy, tiles", COPIES)
+def test_the_bound_holds_for_every_output(copy, tiles):
+    """|exact - approximate| <= |x|_2 * bound_j (+ the tiles' widening): what the choice's exactness rests on. The
+    inputs have an outlier, which makes the tiles' digits coarse."""
     kernel = kernel_or_why()
     if kernel is None:
         return
     gen = torch.Generator().manual_seed(2)
     weight = torch.randn(500, 128, generator=gen) * torch.rand(500, 1, generator=gen)
-    out = GreedyOutput(weight, kernel, copy)
+    out = GreedyOutput(weight, kernel, copy, tiles)
     x = torch.randn(16, 128, generator=gen) * 10
+    x[:4, 7] = 3e4
     exact = kernel.linear(x, kernel.pack(weight), None).double()
-    approx = kernel.linear(x, out.approx, None).double()
-    limit = x.double().norm(dim=1, keepdim=True) * out.bound.double()
-    assert ((exact - approx).abs() <= limit).all()
-    assert (out.bound > 0).all() and bool((limit > (exact - approx).abs() * 1.01).any())
+    approx, widened = approximate_logits(out, x)
+    limit = x.double().norm(dim=1, keepdim=True) * out.bound.double() + widened.double()[:, None]
+    assert ((exact - approx.double()).abs() <= limit).all()
+    assert (out.bound > 0).all() and bool((limit > (exact - approx.double()).abs() * 1.01).any())
+    if out.tiles is not None:   # the digits' error counts: without it the bound would not hold for these rows
+        assert (widened[:4] > 0).all()
+
+
+def approximate_logits(out: GreedyOutput, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The copy's logits as the choice computes them, and each row's widening of the bound (zero without tiles)."""
+    m, n = x.shape[0], out.weight.shape[0]
+    if out.tiles is None:
+        return KERNEL.linear(x, out.approx, None), torch.zeros(m)
+    z, err = torch.empty(m, n), torch.empty(m)
+    KERNEL.lib.int8_tiles_product(x.data_ptr(), out.tiles.data_ptr(), out.approx.scales.data_ptr(), m, x.shape[1], n,
+                                  2, int(out.tiles_mode == "amx"), z.data_ptr(), err.data_ptr())
+    return z, err * out.tiles_norm
+
+
+def test_the_tiles_hold_the_copy():
+    """Inputs the digits hold exactly (integers up to 127): the tiles' logits are the copy's product, for sizes that
+    fill no tile evenly, and the bound widens by no more than a guard."""
+    kernel = kernel_or_why()
+    if kernel is None:
+        return
+    gen = torch.Generator().manual_seed(4)
+    for n, k in [(300, 64), (37, 130), (16, 3)]:
+        out = GreedyOutput(torch.randn(n, k, generator=gen), kernel, torch.int8, "stand-in")
+        x = torch.randint(-127, 128, (5, k), generator=gen).float()
+        x[:, 0] = 127.0
+        z, widened = approximate_logits(out, x)
+        copy = torch.cat([out.approx.blocks[b].T for b in range(out.approx.blocks.shape[0])])[:n].double()
+        expected = x.double() @ (copy * out.approx.scales[:n, None].double()).T
+        assert torch.allclose(z.double(), expected, rtol=1e-6, atol=1e-6)
+        assert (widened <= 1e-8 * x.norm(dim=1) * out.tiles_norm).all()   # only the guard for the doubles' rounding
+
+
+@pytest.mark.parametrize("tiles", ["stand-in", "auto"])
+def test_the_digits_error_is_in_the_bound(tiles):
+    """A weight its int8 copy holds exactly leaves only the digits' error (made large by an outlier in x): the bound
+    holds with the widening, and not without it, so a choice that ignored it could miss the argmax."""
+    kernel = kernel_or_why()
+    if kernel is None:
+        return
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randint(-127, 128, (500, 128), generator=gen).float()
+    q[:, 0] = 127.0
+    weight = q / 128   # an int8 copy is this weight itself
+    out = GreedyOutput(weight, kernel, torch.int8, tiles)
+    x = torch.randn(16, 128, generator=gen)
+    x[:, 7] = 3e3
+    exact = kernel.linear(x, kernel.pack(weight), None).double()
+    approx, widened = approximate_logits(out, x)
+    gap = (exact - approx.double()).abs()
+    weights_part = x.double().norm(dim=1, keepdim=True) * out.bound.double()
+    assert (gap <= weights_part + widened.double()[:, None]).all()
+    if out.tiles is not None:   # ("auto" where there are no AMX tiles: the FMAs, which have no digits)
+        assert (gap > weights_part).any()
+    assert torch.equal(out.choose(x), exact.float().max(-1).indices)
+
+
+def test_amx_tiles_give_their_stand_ins_bits():
+    """Integer sums are exact: the AMX product and its plain-C stand-in give the same logits. Where this machine has
+    no AMX (or its OS lends none), asking for it says so in one line."""
+    kernel = kernel_or_why()
+    if kernel is None:
+        return
+    gen = torch.Generator().manual_seed(5)
+    weight, x = torch.randn(1000, 200, generator=gen), torch.randn(19, 200, generator=gen) * 3
+    if not kernel.lib.int8_tiles_usable():
+        with pytest.raises(ValueError, match="AMX tiles are not available here"):
+            GreedyOutput(weight, kernel, torch.int8, "amx")
+        assert GreedyOutput(weight, kernel, torch.int8).tiles_mode == "off"   # auto: the FMAs
+        return
+    amx, stand_in = GreedyOutput(weight, kernel, torch.int8, "amx"), GreedyOutput(weight, kernel, torch.int8, "stand-in")
+    assert GreedyOutput(weight, kernel, torch.int8).tiles_mode == "amx"   # auto
+    for rows in (x[:1], x[:8], x):   # one row, a tile's part, and more rows than a tile holds
+        a, b = approximate_logits(amx, rows), approximate_logits(stand_in, rows)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_tiles_are_asked_for_an_int8_copy_only():
+    kernel = kernel_or_why()
+    if kernel is None:
+        return
+    weight = torch.randn(40, 16)
+    for copy, tiles in [(torch.bfloat16, "stand-in"), (torch.int8, "fast")]:
+        with pytest.raises(ValueError, match="'auto', or for an int8 copy"):
+            GreedyOutput(weight, kernel, copy, tiles)
+    assert GreedyOutput(weight, kernel, torch.bfloat16).tiles is None   # auto: a bf16 copy has no tiles
 
 
 def test_a_verify_gives_the_choices_its_logits_give():

@@ -265,7 +265,9 @@ void few_rows_argmax(const float *y, long M, long N, int threads, long *out) {
    argmax is among them, and they are computed by this file's fp32 product (the same arithmetic, so the same bits) from
    w's own rows (w: [N, K] row-major, fp32, or bf16 (w_kind 1), widened exactly as the bf16 product widens them).
    scratch: M * N floats. A row with a NaN or an infinity anywhere takes every output exactly. candidates (may be
-   NULL): how many outputs each row computed exactly. */
+   NULL): how many outputs each row computed exactly. With tiles_mode 1 (AMX) or 2 (its stand-in) an int8 copy's
+   product is computed from the same copy packed as tiles (int8_tiles.c), x written as two int8 digits per input; each
+   row's bound then widens by |x - x~|_2 times tiles_norm, the copy's largest row norm (rounded up). */
 /* Entry `at` of a weight in fp32, or in bf16 (kind 1) widened exactly, as load_bf16 widens it. */
 static inline float weight_at(const void *w, int kind, long at) {
     if (kind != 1) return ((const float *)w)[at];
@@ -273,51 +275,154 @@ static inline float weight_at(const void *w, int kind, long at) {
     return v.f;
 }
 
+/* The larger of a and b in each lane, as `a > b ? a : b` (b where a is a NaN). */
+static inline vf larger(vf a, vf b) {
+    vi above = a > b;
+    return (vf)(((vi)a & above) | ((vi)b & ~above));
+}
+
+/* The lanes of v at least f, as bits (a NaN is not). */
+static inline unsigned at_least(vf v, float f) {
+#if defined(__AVX512F__)
+    return _mm512_cmp_ps_mask((__m512)v, _mm512_set1_ps(f), _CMP_GE_OQ);
+#elif defined(__AVX2__)
+    return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps((__m256)v, _mm256_set1_ps(f), _CMP_GE_OQ));
+#else
+    unsigned bits = 0;
+    for (int l = 0; l < VW; l++) bits |= (unsigned)(v[l] >= f) << l;
+    return bits;
+#endif
+}
+
+/* The best of `count` outputs (indices `at`, ascending) of x . w_j computed exactly, as the fp32 product computes them:
+   their rows of w, each read along, packed as the products read them. */
+static row_best exact_best(const float *x, const void *w, int w_kind, long K, const long *at, int count) {
+    float block[K * VW], exact[VW];
+    vf part[1];
+    __builtin_memset(block, 0, sizeof block);
+    for (int l = 0; l < count; l++)
+        for (long k = 0; k < K; k++) block[k * VW + l] = weight_at(w, w_kind, at[l] * K + k);
+    f32_rows_1(x, block, 0, 0, exact, K, count, 0, 1, 0, K, part);
+    row_best c = best_in(exact, 0, count);
+    c.index = at[c.index], c.nan = c.nan >= 0 ? c.index : -1;
+    return c;
+}
+
+/* A row's approximate logits z over columns c0 .. c1 - 1: the largest z_j less its bound, and the scale of the
+   numbers for the rounding margin. VW columns at a time (a max is the same in any order: a NaN is never taken). */
+typedef struct { float floor_, big, widest; int finite; } row_scan;
+
+static row_scan scan(const float *z, const float *bound, long c0, long c1, float xn, float wide) {
+    vf floor_v = (vf){} - INFINITY, big_v = (vf){}, widest_v = (vf){};
+    vi finite_v = (vi){} - 1;
+    long j = c0;
+    for (; j + VW <= c1; j += VW) {
+        vf zj, bj;
+        __builtin_memcpy(&zj, z + j, sizeof zj), __builtin_memcpy(&bj, bound + j, sizeof bj);
+        vf lo = zj - (xn * bj + wide), mag = (vf)((vi)zj & 0x7fffffff);
+        finite_v &= mag <= 3.0e38f;   /* (false for a NaN too) */
+        floor_v = larger(lo, floor_v), big_v = larger(mag, big_v), widest_v = larger(bj, widest_v);
+    }
+    row_scan r = {-INFINITY, 0.0f, 0.0f, xn <= 3.0e38f && wide <= 3.0e38f};
+    for (int l = 0; l < VW; l++) {
+        r.finite &= finite_v[l] != 0;
+        r.floor_ = floor_v[l] > r.floor_ ? floor_v[l] : r.floor_;
+        r.big = big_v[l] > r.big ? big_v[l] : r.big, r.widest = widest_v[l] > r.widest ? widest_v[l] : r.widest;
+    }
+    for (; j < c1; j++) {
+        float lo = z[j] - (xn * bound[j] + wide), mag = fabsf(z[j]);
+        r.finite &= mag <= 3.0e38f;
+        r.floor_ = lo > r.floor_ ? lo : r.floor_;
+        r.big = mag > r.big ? mag : r.big, r.widest = bound[j] > r.widest ? bound[j] : r.widest;
+    }
+    return r;
+}
+
+static row_scan merged(row_scan a, row_scan b) {
+    return (row_scan){a.floor_ > b.floor_ ? a.floor_ : b.floor_, a.big > b.big ? a.big : b.big,
+                      a.widest > b.widest ? a.widest : b.widest, a.finite && b.finite};
+}
+
+/* The best of a row's candidates among columns c0 .. c1 - 1, in ascending order, computed exactly VW at a time: every
+   column whose z_j plus its bound reaches the whole row's floor (all of them in a row that is not finite). */
+static row_best candidates_best(const float *x, const float *z, const float *bound, const void *w, int w_kind, long K,
+                                long c0, long c1, float xn, float wide, row_scan all, long *seen) {
+    const float margin = 8.0f / 16777216.0f;   /* 8 units of fp32 rounding: the float arithmetic here, and more */
+    float slack = margin * (all.big + xn * all.widest + wide) * 2.0f;
+    row_best b = {-INFINITY, -1, -1};
+    long pending[VW];
+    int count = 0;
+    *seen = 0;
+    for (long j = c0; j < c1; j += VW) {
+        long width = c1 - j < VW ? c1 - j : VW;
+        vf zj = {}, bj = {};
+        if (width == VW)   /* a whole vector: one load each (a copy of a variable size is a loop) */
+            __builtin_memcpy(&zj, z + j, sizeof zj), __builtin_memcpy(&bj, bound + j, sizeof bj);
+        else
+            __builtin_memcpy(&zj, z + j, width * 4), __builtin_memcpy(&bj, bound + j, width * 4);
+        unsigned in = all.finite ? at_least(zj + (xn * bj + wide) + slack, all.floor_) : ~0u;
+        for (in &= width == VW ? ~0u : (1u << width) - 1; in; in &= in - 1) {   /* rare: each lane set */
+            pending[count++] = j + __builtin_ctz(in), ++*seen;
+            if (count == VW) b = then(b, exact_best(x, w, w_kind, K, pending, count)), count = 0;
+        }
+    }
+    if (count) b = then(b, exact_best(x, w, w_kind, K, pending, count));
+    return b;
+}
+
+void int8_tiles_product(const float *x, const signed char *tiles, const float *scales, long M, long K, long N,
+                        int threads, int amx, float *z, float *err);
+
 void few_rows_choose(const float *x, const void *approx, int approx_kind, const float *bound, const void *w,
-                     int w_kind, long M, long K, long N, int threads, float *scratch, long *out, long *candidates) {
-    if (approx_kind == 1)
-        few_rows_linear_bf16(x, approx, 0, scratch, M, K, N, threads);
-    else
-        few_rows_linear_i8(x, approx, 0, scratch, M, K, N, threads);
-    const float margin = 8.0f / 16777216.0f;   /* 8 units of fp32 rounding: the float arithmetic below, and more */
-    _Pragma("omp parallel for num_threads(threads) schedule(static) if (M > 1)")
+                     int w_kind, long M, long K, long N, int threads, float *scratch, long *out, long *candidates,
+                     const signed char *tiles, float tiles_norm, int tiles_mode) {
+    float widened[M];   /* what the tiles' digits add to every output's bound, per row */
+    if (tiles_mode) {
+        const float *scales = (const float *)((const signed char *)approx + (N + VW - 1) / VW * VW * K);
+        int8_tiles_product(x, tiles, scales, M, K, N, threads, tiles_mode == 1, scratch, widened);
+        for (long m = 0; m < M; m++) widened[m] = nextafterf(widened[m] * tiles_norm, INFINITY);
+    } else {
+        for (long m = 0; m < M; m++) widened[m] = 0.0f;
+        if (approx_kind == 1)
+            few_rows_linear_bf16(x, approx, 0, scratch, M, K, N, threads);
+        else
+            few_rows_linear_i8(x, approx, 0, scratch, M, K, N, threads);
+    }
+    float xn[M];
     for (long m = 0; m < M; m++) {
-        const float *xm = x + m * K, *z = scratch + m * N;
         double sq = 0.0;
-        for (long k = 0; k < K; k++) sq += (double)xm[k] * xm[k];
-        float xn = (float)(sqrt(sq) * (1.0 + 1e-6));
-        /* pass 1: the largest approximate logit less its bound; the scale of the numbers, for the rounding margin */
-        float floor_ = -INFINITY, big = 0.0f, widest = 0.0f;
-        int finite = xn <= 3.0e38f;
-        for (long j = 0; j < N; j++) {
-            float lo = z[j] - xn * bound[j], mag = fabsf(z[j]);
-            finite &= mag <= 3.0e38f;   /* (false for a NaN too) */
-            floor_ = lo > floor_ ? lo : floor_;
-            big = mag > big ? mag : big;
-            widest = bound[j] > widest ? bound[j] : widest;
+        for (long k = 0; k < K; k++) sq += (double)x[m * K + k] * x[m * K + k];
+        xn[m] = (float)(sqrt(sq) * (1.0 + 1e-6));
+    }
+    /* Each thread scans the columns it computed (still in its caches) for every row; the threads' scans are merged,
+       then each finds and computes its columns' candidates, and their bests are merged in column order. */
+    long blocks = (N + VW - 1) / VW;
+    int most = threads > 0 ? threads : 1, used = 1;
+    row_scan scans[most][M];
+    row_best bests[most][M];
+    long seen[most][M];
+    _Pragma("omp parallel num_threads(most)") {
+        int t = 0, T = 1;
+        THREAD_IDS(t, T)
+        SHARE(blocks, t, T, lo, hi)
+        long c0 = lo * VW, c1 = hi * VW < N ? hi * VW : N;
+        c1 = c1 > c0 ? c1 : c0;
+        for (long m = 0; m < M; m++) scans[t][m] = scan(scratch + m * N, bound, c0, c1, xn[m], widened[m]);
+        _Pragma("omp barrier")
+        for (long m = 0; m < M; m++) {
+            row_scan all = scans[0][m];
+            for (int u = 1; u < T; u++) all = merged(all, scans[u][m]);
+            bests[t][m] = candidates_best(x + m * K, scratch + m * N, bound, w, w_kind, K, c0, c1, xn[m], widened[m],
+                                          all, &seen[t][m]);
         }
-        float slack = margin * (big + xn * widest) * 2.0f;
-        /* pass 2: the candidates, in ascending order, computed exactly VW at a time */
+        if (t == 0) used = T;
+    }
+    for (long m = 0; m < M; m++) {
         row_best b = {-INFINITY, -1, -1};
-        long pending[VW], seen = 0;
-        int count = 0;
-        for (long j = 0; j <= N; j++) {
-            if (j < N && (!finite || z[j] + xn * bound[j] + slack >= floor_)) pending[count++] = j, seen++;
-            if (count == VW || (j == N && count)) {
-                float block[K * VW], exact[VW];
-                vf part[1];
-                for (int l = 0; l < VW; l++)   /* the candidates' rows, each read along, packed as the products read */
-                    for (long k = 0; k < K; k++)
-                        block[k * VW + l] = l < count ? weight_at(w, w_kind, pending[l] * K + k) : 0.0f;
-                f32_rows_1(xm, block, 0, 0, exact, K, count, 0, 1, 0, K, part);
-                row_best c = best_in(exact, 0, count);
-                c.index = pending[c.index], c.nan = c.nan >= 0 ? c.index : -1;
-                b = then(b, c);
-                count = 0;
-            }
-        }
+        long count = 0;
+        for (int t = 0; t < used; t++) b = then(b, bests[t][m]), count += seen[t][m];
         out[m] = b.index;
-        if (candidates) candidates[m] = seen;
+        if (candidates) candidates[m] = count;
     }
 }
 

@@ -191,7 +191,8 @@ def greedy_copy_rows(target: TargetModel, recalibrate: bool = False) -> int | No
     native = target.lean.native if target.lean is not None else None
     if native is None or native.greedy is None:
         return None
-    name = machine_key(target, "greedy-copy", f"{native.greedy.kind}|{target.vocab_size}|{GREEDY_COPY_ROWS}")
+    copy = native.greedy
+    name = machine_key(target, "greedy-copy", f"{copy.kind}|{copy.tiles_mode}|{target.vocab_size}|{GREEDY_COPY_ROWS}")
     return cached(name, recalibrate, lambda: measure_greedy_copy(target), copy_rows, lambda record: record,
                   "the output layer's copy for greedy steps")
 
@@ -218,7 +219,7 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
                          target.fast_linears.summary() if target.fast_linears is not None else None,
                          dtype_spelling(target.dtype), target.dtype_choice,
                          cost_curve(target, model_name) if with_curve else None, draft_kernels,
-                         target.forward_kind, target.greedy_copy_rows)
+                         target.forward_kind, target.greedy_copy_rows, target.greedy_copy_tiles)
 
 
 INT8_MARGIN = 0.9      # int8 weights (whose rows differ a little) must take at most this share of the others' best

@@ -1,0 +1,201 @@
+/* The output layer's int8 copy times x for M rows on AMX tiles: the greedy choice's approximate logits
+   (dart_core/greedy_output.py, few_rows_choose in few_rows.c).
+
+   Computed from int8 weights by fp32 FMAs, the copy's product is bound by arithmetic from 8 rows (each weight is
+   widened, then multiplied once per row). AMX multiplies int8 tiles (16 rows of 64 inputs by 64 inputs of 16 outputs)
+   at a rate that makes 1 to 16 rows cost the same, but both factors must be int8. So each row of x is written as two
+   int8 digits per input, x~_k = s (d1_k + d2_k / 254) with s = max|x| / 127, and the two integer sums c1 = d1 . q_j and
+   c2 = d2 . q_j are exact (int32: at most 127 * 127 * K). The logit z_j = s_j s (c1 + c2 / 254) is then the copy's
+   exact product with x~ (up to the rounding of the last few double operations, far below a float's), and x~ is off x
+   by |x - x~|_2, which is returned per row: the caller widens its bound by that times the copy's largest row norm.
+   A digit is within half a unit of its place, so |x - x~| <= 24 * max|x| / (2 * 127 * 254) for K = 576: a few parts
+   in ten thousand of |x|, against the int8 copy's own percent.
+
+   The weight is packed as tiles: [ceil(N / 16) output blocks][ceil(K / 64) input chunks][16][16 outputs][4 inputs]
+   (zeros past N and K), the layout AMX's int8 products read. Where this build has no AMX, or the OS refuses this
+   process its tiles, int8_tiles_usable() says 0 and the same integer sums are computed by plain C from the same tiles
+   (the stand-in the tests run on every machine): the logits are the same bits either way. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define TILES_BUILT 1
+#else
+#define TILES_BUILT 0
+#endif
+
+#define TILE_K 64                        /* inputs per chunk: 16 tile rows of 4 */
+#define TILE_N 16                        /* outputs per block */
+#define TILE_BYTES (TILE_K * TILE_N)     /* one packed tile of weights */
+#define GROUP_ROWS 16                    /* rows of x per pass over the weights: a tile's rows */
+#define BASE 254.0                       /* the second digit's place: 1 / 254 of the first's */
+#define AHEAD (8 * TILE_BYTES)           /* how far ahead of the tiles read the weights are prefetched */
+
+int int8_tiles_usable(void) {
+#if TILES_BUILT
+    static int state = -1;   /* asked once per process: Linux lends AMX's state on request */
+    if (state < 0) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return state;
+#else
+    return 0;
+#endif
+}
+
+/* Row x [K] as its two digits (Kp bytes each, zeros past K) and their scale s; returns |x - x~|_2, rounded up, or
+   INFINITY for a row with a NaN or an infinity (its digits are then zeros: the caller computes every output exactly). */
+static float digits(const float *x, long K, long Kp, signed char *d1, signed char *d2, double *scale) {
+    memset(d1, 0, Kp), memset(d2, 0, Kp);
+    double big = 0.0;
+    for (long k = 0; k < K; k++) {
+        if (!isfinite(x[k])) return *scale = 0.0, INFINITY;
+        big = fabs(x[k]) > big ? fabs(x[k]) : big;
+    }
+    double s = big / 127.0, err = 0.0, norm = 0.0;
+    *scale = s;
+    if (s == 0.0) return 0.0f;
+    for (long k = 0; k < K; k++) {
+        double v = x[k] / s, a = nearbyint(v);
+        a = a > 127 ? 127 : a < -127 ? -127 : a;
+        double b = nearbyint((v - a) * BASE);
+        b = b > 127 ? 127 : b < -127 ? -127 : b;
+        d1[k] = (signed char)a, d2[k] = (signed char)b;
+        double e = x[k] - s * (a + b / BASE);
+        err += e * e, norm += (double)x[k] * x[k];
+    }
+    /* the doubles' own rounding is some 1e-16 of |x|: one part in a million more, and a billionth of |x| */
+    return nextafterf((float)(sqrt(err) * (1.0 + 1e-6) + 1e-9 * sqrt(norm)), INFINITY);
+}
+
+/* z[m, j] for the rows of a group and outputs blk*16 .. +15, from the two digit sums c1, c2 [rows][16] */
+static void combine(const int *c1, const int *c2, const double *s, const float *scales, long rows, long blk, long N,
+                    float *z) {
+    long first = blk * TILE_N, width = N - first < TILE_N ? N - first : TILE_N;
+    const double inverse = 1.0 / BASE;   /* its rounding, like every double operation here, is far below a float's */
+    for (long m = 0; m < rows; m++) {
+        const int *a = c1 + m * TILE_N, *b = c2 + m * TILE_N;
+        float *out = z + m * N + first;
+        if (width == TILE_N)   /* the loop the compiler vectorizes */
+            for (long n = 0; n < TILE_N; n++)
+                out[n] = (float)((double)scales[first + n] * s[m] * ((double)a[n] + b[n] * inverse));
+        else
+            for (long n = 0; n < width; n++)
+                out[n] = (float)((double)scales[first + n] * s[m] * ((double)a[n] + b[n] * inverse));
+    }
+}
+
+/* The stand-in: the same sums in plain C, from the same tiles. */
+static void blocks_plain(const signed char *d1, const signed char *d2, long rows, long Kp, const signed char *tiles,
+                         long lo, long hi, const double *s, const float *scales, long N, float *z) {
+    long chunks = Kp / TILE_K;
+    int c1[GROUP_ROWS * TILE_N], c2[GROUP_ROWS * TILE_N];
+    for (long blk = lo; blk < hi; blk++) {
+        memset(c1, 0, sizeof c1), memset(c2, 0, sizeof c2);
+        for (long c = 0; c < chunks; c++) {
+            const signed char *t = tiles + (blk * chunks + c) * TILE_BYTES;
+            for (long m = 0; m < rows; m++)
+                for (long r = 0; r < TILE_K / 4; r++)
+                    for (long n = 0; n < TILE_N; n++)
+                        for (long i = 0; i < 4; i++) {
+                            long k = c * TILE_K + r * 4 + i;
+                            int q = t[(r * TILE_N + n) * 4 + i];
+                            c1[m * TILE_N + n] += d1[m * Kp + k] * q, c2[m * TILE_N + n] += d2[m * Kp + k] * q;
+                        }
+        }
+        combine(c1, c2, s, scales, rows, blk, N, z);
+    }
+}
+
+#if TILES_BUILT
+typedef struct {
+    unsigned char palette, start_row, reserved[14];
+    unsigned short colsb[16];
+    unsigned char rows[16];
+} tile_config;
+
+/* Tiles 0-3: the sums of two blocks by each digit; 4, 5: the digits of a chunk; 6, 7: the two blocks' weights. */
+static void blocks_amx(const signed char *d1, const signed char *d2, long rows, long Kp, const signed char *tiles,
+                       long lo, long hi, const double *s, const float *scales, long N, float *z) {
+    long chunks = Kp / TILE_K;
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = t < 6 ? (unsigned char)rows : 16;
+    _tile_loadconfig(&cfg);
+    int c[4][GROUP_ROWS * TILE_N];
+    const char *next = (const char *)(tiles + lo * chunks * TILE_BYTES) + AHEAD;
+    for (long blk = lo; blk < hi; blk += 2) {
+        int two = blk + 1 < hi;
+        const signed char *a = tiles + blk * chunks * TILE_BYTES, *b = a + chunks * TILE_BYTES;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (long k = 0; k < chunks; k++) {
+            for (int l = 0; l < (two ? 2 : 1) * TILE_BYTES; l += 64) __builtin_prefetch(next + l, 0, 3);
+            next += (two ? 2 : 1) * TILE_BYTES;
+            _tile_loadd(4, d1 + k * TILE_K, Kp);
+            _tile_loadd(5, d2 + k * TILE_K, Kp);
+            _tile_loadd(6, a + k * TILE_BYTES, 64);
+            _tile_dpbssd(0, 4, 6);
+            _tile_dpbssd(1, 5, 6);
+            if (two) {
+                _tile_loadd(7, b + k * TILE_BYTES, 64);
+                _tile_dpbssd(2, 4, 7);
+                _tile_dpbssd(3, 5, 7);
+            }
+        }
+        _tile_stored(0, c[0], 64);
+        _tile_stored(1, c[1], 64);
+        combine(c[0], c[1], s, scales, rows, blk, N, z);
+        if (two) {
+            _tile_stored(2, c[2], 64);
+            _tile_stored(3, c[3], 64);
+            combine(c[2], c[3], s, scales, rows, blk + 1, N, z);
+        }
+    }
+    _tile_release();
+}
+#endif
+
+/* z [M, N] = the copy's logits for x [M, K] (fp32) by two digits per input, from `tiles` (packed as above) and the
+   copy's scales [N]; err [M]: |x - x~|_2 per row, rounded up. amx: 1 to use AMX where usable, 0 for the stand-in. */
+void int8_tiles_product(const float *x, const signed char *tiles, const float *scales, long M, long K, long N,
+                        int threads, int amx, float *z, float *err) {
+    long Kp = (K + TILE_K - 1) / TILE_K * TILE_K, blocks = (N + TILE_N - 1) / TILE_N;
+    signed char *d = malloc(2 * M * Kp);
+    double *s = malloc(M * sizeof(double));
+    if (!d || !s) {   /* no memory for a few kilobytes: every output is then computed exactly */
+        for (long m = 0; m < M; m++) err[m] = INFINITY;
+        memset(z, 0, M * N * sizeof(float));
+        free(d), free(s);
+        return;
+    }
+    signed char *d1 = d, *d2 = d + M * Kp;
+    for (long m = 0; m < M; m++) err[m] = digits(x + m * K, K, Kp, d1 + m * Kp, d2 + m * Kp, s + m);
+    amx = amx && int8_tiles_usable();
+    _Pragma("omp parallel num_threads(threads)") {
+        int t = 0, T = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num(), T = omp_get_num_threads();
+#endif
+        long lo = blocks * t / T, hi = blocks * (t + 1) / T;
+        for (long m0 = 0; m0 < M; m0 += GROUP_ROWS) {
+            long rows = M - m0 < GROUP_ROWS ? M - m0 : GROUP_ROWS;
+            const signed char *g1 = d1 + m0 * Kp, *g2 = d2 + m0 * Kp;
+#if TILES_BUILT
+            if (amx) {
+                blocks_amx(g1, g2, rows, Kp, tiles, lo, hi, s + m0, scales, N, z + m0 * N);
+                continue;
+            }
+#endif
+            blocks_plain(g1, g2, rows, Kp, tiles, lo, hi, s + m0, scales, N, z + m0 * N);
+        }
+    }
+    free(d), free(s);
+}
