@@ -118,7 +118,8 @@ class NativeDraftHead:
         logits = logits.float().contiguous()
         R, V = logits.shape
         ids, probs = np.empty((R, k), dtype=np.int64), np.empty((R, k), dtype=np.float32)
-        self.kernel.lib.draft_rows_top(logits.data_ptr(), R, V, k, ids.ctypes.data, probs.ctypes.data)
+        self.kernel.lib.draft_rows_top(logits.data_ptr(), R, V, k, ids.ctypes.data, probs.ctypes.data,
+                                       torch.get_num_threads())
         return ids, probs
 
 

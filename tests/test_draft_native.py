@@ -5,6 +5,7 @@ decoding; and where it cannot run, the reason is said."""
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -94,6 +95,16 @@ def test_its_int8_weights_draft_nearly_the_same_rows(target):
         plain_greedy_reference(target, prompt, 16)
 
 
+@contextmanager
+def torch_threads(n: int):
+    kept = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(kept)
+
+
 def test_the_searchs_rows_are_torchs_top_k_and_softmax(target):
     """The rows the tree search reads, taken by our C code from the head's logits: each row's top k in torch's order
     (the earlier of equal logits first, a NaN last), their softmax over the k, the ids mapped to the target's."""
@@ -106,8 +117,9 @@ def test_the_searchs_rows_are_torchs_top_k_and_softmax(target):
     logits[1] = torch.randint(0, 4, (50,), generator=gen).float()     # many equal logits
     logits[2, 7], logits[3] = float("nan"), float("-inf")
     logits[3, 30] = 1.0
-    for k in (1, 5, 16, 50):
-        ids, probs = drafter.top_rows(logits, k)
+    for k, threads in [(1, 2), (5, 1), (16, 2), (50, 2), (50, 1)]:   # rows shared among threads, or on one
+        with torch_threads(threads):
+            ids, probs = drafter.top_rows(logits, k)
         values, order = torch.sort(torch.nan_to_num(logits, nan=float("-inf")), dim=-1, descending=True, stable=True)
         assert ids.shape == probs.shape == (4, k)
         assert (ids[[0, 1, 2]] == head.d2t[order[[0, 1, 2], :k]].numpy()).all(), k

@@ -117,7 +117,7 @@ class FewRowsKernel:
         self.lib.int8_tiles_product.argtypes = [p, p, p, n, n, n, ctypes.c_int, ctypes.c_int, p, p]
         self.lib.int8_tiles_product.restype = None
         self.lib.int8_tiles_usable.restype = ctypes.c_int
-        self.lib.draft_rows_top.argtypes = [p, n, n, n, p, p]
+        self.lib.draft_rows_top.argtypes = [p, n, n, n, p, p, ctypes.c_int]
         self.lib.draft_rows_top.restype = None
 
     def pack(self, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PackedWeight:
