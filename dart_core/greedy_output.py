@@ -14,7 +14,7 @@ largest lower end. Those are computed by the same fp32 product as the full layer
 bits, and the first of their maxima is the argmax of the full layer, ties included. For the default model a row
 leaves a median of 66 outputs of 49,152 in doubt with the int8 copy, 2 with a bf16 one (docs/cpu-speed.md, section 11).
 
-With an int8 copy on a CPU with AMX, the copy's product runs on AMX tiles (machine/int8_tiles.c), x written as two
+With an int8 copy on a CPU with AMX, the copy's product runs on AMX tiles (machine/amx_tiles.c), x written as two
 int8 digits per input; the bound then widens by |x - x~|_2 times the copy's largest row norm, a few parts in ten
 thousand of |x|. An fp32 product of the int8 copy is bound by arithmetic from 8 rows; the tiles' cost hardly grows
 with the rows (docs/cpu-speed.md, section 12).
@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import torch
 
+from .machine import amx_tiles
 from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel, PackedWeight
 
 UNIT = 2.0 ** -24          # fp32's unit roundoff
 BOUND_ROWS = 4096          # weight rows whose bounds are computed at once (in fp64)
-TILE_K, TILE_N = 64, 16    # int8_tiles.c: inputs per chunk, outputs per block
-TILE_MODES = {"off": 0, "amx": 1, "stand-in": 2}   # how an int8 copy's product is computed (few_rows_choose)
 
 
 def choice_bounds(weight: torch.Tensor, approx: PackedWeight) -> torch.Tensor:
@@ -45,16 +44,6 @@ def choice_bounds(weight: torch.Tensor, approx: PackedWeight) -> torch.Tensor:
         out[a:a + BOUND_ROWS] = (w - w_approx).norm(dim=1) + g * (w.norm(dim=1) + w_approx.norm(dim=1))
     # one part in a million more, and up to the next fp32: the fp64 sums' own rounding is far below it
     return torch.nextafter((out * (1 + 1e-6)).float(), torch.tensor(float("inf")))
-
-
-def pack_tiles(approx: PackedWeight, n: int, k: int) -> torch.Tensor:
-    """An int8 copy's weights as int8_tiles.c reads them: [ceil(n / 16), ceil(k / 64), 16, 16, 4], zeros past n and k."""
-    blocks = approx.blocks
-    q = blocks.transpose(1, 2).reshape(-1, k)[:n]
-    padded = torch.zeros(-(-n // TILE_N) * TILE_N, -(-k // TILE_K) * TILE_K, dtype=torch.int8)
-    padded[:n, :k] = q
-    b, c = padded.shape[0] // TILE_N, padded.shape[1] // TILE_K
-    return padded.view(b, TILE_N, c, TILE_K // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
 
 
 def largest_norm(approx: PackedWeight, n: int) -> float:
@@ -91,18 +80,15 @@ class GreedyOutput:
         if kind not in (torch.bfloat16, torch.int8) or weight.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the output layer's copy is bf16 or int8 of an fp32 or bf16 weight, not {kind} of "
                              f"{weight.dtype}")
-        if tiles == "auto":
-            tiles = "amx" if kind == torch.int8 and kernel.lib.int8_tiles_usable() else "off"
-        if tiles not in TILE_MODES or (tiles != "off" and kind != torch.int8):
-            raise ValueError(f"tiles {tiles!r}: 'auto', or for an int8 copy 'amx', 'stand-in' or 'off'")
-        if tiles == "amx" and not kernel.lib.int8_tiles_usable():
-            raise ValueError("AMX tiles are not available here (the CPU, the compiler or the OS)")
+        if kind != torch.int8 and tiles not in ("auto", "off"):
+            raise ValueError(f"tiles {tiles!r}: a bf16 copy has none ('auto' or 'off')")
+        tiles = amx_tiles.tiles_mode(kernel, tiles) if kind == torch.int8 else "off"
         self.kernel, self.kind, self.tiles_mode = kernel, kind, tiles
         self.weight = weight.detach().contiguous()   # read in place: its rows in doubt are computed from it
         self.approx = kernel.pack(self.weight, kind)
         self.bound = choice_bounds(self.weight, self.approx)
         n, k = self.weight.shape
-        self.tiles = pack_tiles(self.approx, n, k) if tiles != "off" else None
+        self.tiles = amx_tiles.int8_tiles(self.approx, k) if tiles != "off" else None
         self.tiles_norm = largest_norm(self.approx, n) if tiles != "off" else 0.0
         self.scratch = torch.empty(0)
 
@@ -120,5 +106,5 @@ class GreedyOutput:
             x.data_ptr(), self.approx.blocks.data_ptr(), WEIGHT_KINDS[self.kind], self.bound.data_ptr(),
             self.weight.data_ptr(), WEIGHT_KINDS[self.weight.dtype], m, k, n, torch.get_num_threads(),
             scratch.data_ptr(), out.data_ptr(), None if candidates is None else candidates.data_ptr(),
-            None if self.tiles is None else self.tiles.data_ptr(), self.tiles_norm, TILE_MODES[self.tiles_mode])
+            None if self.tiles is None else self.tiles.data_ptr(), self.tiles_norm, amx_tiles.MODES[self.tiles_mode])
         return out

@@ -173,7 +173,7 @@ def test_amx_tiles_give_their_stand_ins_bits():
         return
     gen = torch.Generator().manual_seed(5)
     weight, x = torch.randn(1000, 200, generator=gen), torch.randn(19, 200, generator=gen) * 3
-    if not kernel.lib.int8_tiles_usable():
+    if not kernel.lib.amx_tiles_usable():
         with pytest.raises(ValueError, match="AMX tiles are not available here"):
             GreedyOutput(weight, kernel, torch.int8, "amx")
         assert GreedyOutput(weight, kernel, torch.int8).tiles_mode == "off"   # auto: the FMAs
@@ -190,9 +190,10 @@ def test_tiles_are_asked_for_an_int8_copy_only():
     if kernel is None:
         return
     weight = torch.randn(40, 16)
-    for copy, tiles in [(torch.bfloat16, "stand-in"), (torch.int8, "fast")]:
-        with pytest.raises(ValueError, match="'auto', or for an int8 copy"):
-            GreedyOutput(weight, kernel, copy, tiles)
+    with pytest.raises(ValueError, match="a bf16 copy has none"):
+        GreedyOutput(weight, kernel, torch.bfloat16, "stand-in")
+    with pytest.raises(ValueError, match="tiles 'fast': one of 'auto', 'off', 'amx', 'stand-in'"):
+        GreedyOutput(weight, kernel, torch.int8, "fast")
     assert GreedyOutput(weight, kernel, torch.bfloat16).tiles is None   # auto: a bf16 copy has no tiles
 
 

@@ -266,7 +266,7 @@ void few_rows_argmax(const float *y, long M, long N, int threads, long *out) {
    w's own rows (w: [N, K] row-major, fp32, or bf16 (w_kind 1), widened exactly as the bf16 product widens them).
    scratch: M * N floats. A row with a NaN or an infinity anywhere takes every output exactly. candidates (may be
    NULL): how many outputs each row computed exactly. With tiles_mode 1 (AMX) or 2 (its stand-in) an int8 copy's
-   product is computed from the same copy packed as tiles (int8_tiles.c), x written as two int8 digits per input; each
+   product is computed from the same copy packed as tiles (amx_tiles.c), x written as two int8 digits per input; each
    row's bound then widens by |x - x~|_2 times tiles_norm, the copy's largest row norm (rounded up). */
 /* Entry `at` of a weight in fp32, or in bf16 (kind 1) widened exactly, as load_bf16 widens it. */
 static inline float weight_at(const void *w, int kind, long at) {

@@ -33,7 +33,7 @@ from .paths import cache_root
 
 # the few-row linear, the decoder layer built on it (dart_core/lean_native.py, draft_native.py), the tree search
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("few_rows.c", "int8_tiles.c", "lean_layer.c", "tree_search.c"))
+                for name in ("few_rows.c", "amx_tiles.c", "lean_layer.c", "tree_search.c"))
 BUILD_SECONDS = 120
 # The instruction set the build targets, by CPU kind (hardware.CPU_KINDS): a process held to an older kind gets that
 # kind's code, as torch's own kernels do; the machine's own kind gets everything its CPU has.
@@ -116,7 +116,7 @@ class FewRowsKernel:
         self.lib.few_rows_choose.restype = None
         self.lib.int8_tiles_product.argtypes = [p, p, p, n, n, n, ctypes.c_int, ctypes.c_int, p, p]
         self.lib.int8_tiles_product.restype = None
-        self.lib.int8_tiles_usable.restype = ctypes.c_int
+        self.lib.amx_tiles_usable.restype = ctypes.c_int
         self.lib.draft_rows_top.argtypes = [p, n, n, n, p, p, ctypes.c_int]
         self.lib.draft_rows_top.restype = None
 

@@ -1,20 +1,22 @@
-/* The output layer's int8 copy times x for M rows on AMX tiles: the greedy choice's approximate logits
-   (dart_core/greedy_output.py, few_rows_choose in few_rows.c).
+/* The output layer's int8 copy times x for M rows on AMX tiles (16 rows of 64 int8 by 64 int8 of 16 outputs, summed
+   into 16 x 16 int32 tiles): an fp32 product of the copy is bound by arithmetic from 8 rows; AMX makes 1 to 16 rows
+   cost about the same, but both factors must be int8.
 
-   Computed from int8 weights by fp32 FMAs, the copy's product is bound by arithmetic from 8 rows (each weight is
-   widened, then multiplied once per row). AMX multiplies int8 tiles (16 rows of 64 inputs by 64 inputs of 16 outputs)
-   at a rate that makes 1 to 16 rows cost the same, but both factors must be int8. So each row of x is written as two
-   int8 digits per input, x~_k = s (d1_k + d2_k / 254) with s = max|x| / 127, and the two integer sums c1 = d1 . q_j and
-   c2 = d2 . q_j are exact (int32: at most 127 * 127 * K). The logit z_j = s_j s (c1 + c2 / 254) is then the copy's
-   exact product with x~ (up to the rounding of the last few double operations, far below a float's), and x~ is off x
-   by |x - x~|_2, which is returned per row: the caller widens its bound by that times the copy's largest row norm.
-   A digit is within half a unit of its place, so |x - x~| <= 24 * max|x| / (2 * 127 * 254) for K = 576: a few parts
-   in ten thousand of |x|, against the int8 copy's own percent.
+   These are the greedy choice's approximate logits (dart_core/greedy_output.py, few_rows_choose in few_rows.c). Each
+   row of x is written as two int8 digits per input, x~_k = s (d1_k + d2_k / 254) with s = max|x| / 127, and the two
+   integer sums c1 = d1 . q_j and c2 = d2 . q_j are exact (int32: at most 127 * 127 * K). The logit z_j = s_j s (c1 +
+   c2 / 254) is then the copy's exact product with x~ (up to the rounding of the last few double operations, far
+   below a float's), and x~ is off x by |x - x~|_2, which is returned per row: the caller widens its bound by that
+   times the copy's largest row norm. A digit is within half a unit of its place, so |x - x~| <= 24 * max|x| / (2 *
+   127 * 254) for K = 576: a few parts in ten thousand of |x|, against the int8 copy's own percent. Packed as tiles:
+   [ceil(N / 16) output blocks][ceil(K / 64) input chunks][16][16 outputs][4 inputs].
 
-   The weight is packed as tiles: [ceil(N / 16) output blocks][ceil(K / 64) input chunks][16][16 outputs][4 inputs]
-   (zeros past N and K), the layout AMX's int8 products read. Where this build has no AMX, or the OS refuses this
-   process its tiles, int8_tiles_usable() says 0 and the same integer sums are computed by plain C from the same tiles
-   (the stand-in the tests run on every machine): the logits are the same bits either way. */
+   (A bf16 model's linears on AMX, x as three exact bf16 parts, were tried: on the AMX Xeon no faster than the fp32
+   FMAs on widened bf16 weights at 1 to 16 rows, the parts' tiles reloaded for every block of outputs.)
+
+   Where this build has no AMX, or the OS refuses this process its tiles, amx_tiles_usable() says 0 and the same sums
+   are computed by plain C from the same tiles (the stand-in the tests run on every machine): the logits are the same
+   bits either way (the sums are exact). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,12 +34,12 @@
 
 #define TILE_K 64                        /* inputs per chunk: 16 tile rows of 4 */
 #define TILE_N 16                        /* outputs per block */
-#define TILE_BYTES (TILE_K * TILE_N)     /* one packed tile of weights */
+#define TILE_BYTES 1024                  /* one packed tile of weights */
 #define GROUP_ROWS 16                    /* rows of x per pass over the weights: a tile's rows */
 #define BASE 254.0                       /* the second digit's place: 1 / 254 of the first's */
 #define AHEAD (8 * TILE_BYTES)           /* how far ahead of the tiles read the weights are prefetched */
 
-int int8_tiles_usable(void) {
+int amx_tiles_usable(void) {
 #if TILES_BUILT
     static int state = -1;   /* asked once per process: Linux lends AMX's state on request */
     if (state < 0) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
@@ -228,7 +230,7 @@ void int8_tiles_product(const float *x, const signed char *tiles, const float *s
     }
     signed char *d1 = d, *d2 = d + M * Kp;
     for (long m = 0; m < M; m++) err[m] = digits(x + m * K, K, Kp, d1 + m * Kp, d2 + m * Kp, s + m);
-    amx = amx && int8_tiles_usable();
+    amx = amx && amx_tiles_usable();
     _Pragma("omp parallel num_threads(threads)") {
         int t = 0, T = 1;
 #ifdef _OPENMP

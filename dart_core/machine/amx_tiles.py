@@ -1,0 +1,38 @@
+"""Weights packed for our product on AMX tiles (amx_tiles.c): tiles of 16 outputs by 64 int8 inputs, the layout AMX's
+int8 products read, zeros past the weight's edges; and how the product runs here."""
+
+from __future__ import annotations
+
+import torch
+
+from .few_rows import FewRowsKernel, PackedWeight
+
+TILE_N, TILE_K = 16, 64      # outputs and int8 inputs per tile (16 rows of 4)
+MODES = {"off": 0, "amx": 1, "stand-in": 2}   # how a product runs: not on tiles, on AMX, or its plain-C stand-in
+
+
+def usable(kernel: FewRowsKernel) -> bool:
+    """Whether this CPU, the build and the OS let our kernels use AMX."""
+    return bool(kernel.lib.amx_tiles_usable())
+
+
+def tiles_mode(kernel: FewRowsKernel, asked: str) -> str:
+    """The mode `asked` ("auto": AMX where usable, else off) as it will run here; refuses AMX where it cannot."""
+    if asked == "auto":
+        return "amx" if usable(kernel) else "off"
+    if asked not in MODES:
+        raise ValueError(f"tiles {asked!r}: one of 'auto', {', '.join(repr(m) for m in MODES)}")
+    if asked == "amx" and not usable(kernel):
+        raise ValueError("AMX tiles are not available here (the CPU, the compiler or the OS)")
+    return asked
+
+
+def int8_tiles(copy: PackedWeight, k: int) -> torch.Tensor:
+    """An int8 copy (few_rows.pack: blocks and a scale per output) as the product's tiles,
+    [ceil(N / 16), ceil(k / 64), 16, 16, 4]; its scales stay where they are."""
+    n = copy.out_features
+    q = copy.blocks.transpose(1, 2).reshape(-1, k)[:n]
+    padded = torch.zeros(-(-n // TILE_N) * TILE_N, -(-k // TILE_K) * TILE_K, dtype=torch.int8)
+    padded[:n, :k] = q
+    b, c = padded.shape[0] // TILE_N, padded.shape[1] // TILE_K
+    return padded.view(b, TILE_N, c, TILE_K // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
