@@ -17,7 +17,8 @@ leaves a median of 66 outputs of 49,152 in doubt with the int8 copy, 2 with a bf
 With an int8 copy on a CPU with AMX, the copy's product runs on AMX tiles (machine/amx_tiles.c), x written as two
 int8 digits per input; the bound then widens by |x - x~|_2 times the copy's largest row norm, a few parts in ten
 thousand of |x|. An fp32 product of the int8 copy is bound by arithmetic from 8 rows; the tiles' cost hardly grows
-with the rows (docs/cpu-speed.md, section 12).
+with the rows, though at one row they can cost a little more: steps of fewer rows than `tile_rows` (measured per
+machine) keep the FMAs (docs/cpu-speed.md, section 12).
 
 Sampling needs every logit: it takes the full fp32 layer (TargetModel.verify without `choices`).
 """
@@ -30,6 +31,7 @@ from .machine import amx_tiles
 from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel, PackedWeight
 
 UNIT = 2.0 ** -24          # fp32's unit roundoff
+NO_TILES = 2**31 - 1       # a tile_rows that no step reaches
 BOUND_ROWS = 4096          # weight rows whose bounds are computed at once (in fp64)
 
 
@@ -90,6 +92,7 @@ class GreedyOutput:
         n, k = self.weight.shape
         self.tiles = amx_tiles.int8_tiles(self.approx, k) if tiles != "off" else None
         self.tiles_norm = largest_norm(self.approx, n) if tiles != "off" else 0.0
+        self.tile_rows = 1   # steps of at least this many rows use the tiles (as measured: setup/calibration.py)
         self.scratch = torch.empty(0)
 
     def choose(self, x: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
@@ -102,9 +105,10 @@ class GreedyOutput:
         if self.scratch.numel() < m * n:   # kept between steps: a fresh megabyte costs its page faults every step
             self.scratch = torch.empty(m * n)
         scratch = self.scratch
+        mode = self.tiles_mode if m >= self.tile_rows else "off"
         self.kernel.lib.few_rows_choose(
             x.data_ptr(), self.approx.blocks.data_ptr(), WEIGHT_KINDS[self.kind], self.bound.data_ptr(),
             self.weight.data_ptr(), WEIGHT_KINDS[self.weight.dtype], m, k, n, torch.get_num_threads(),
             scratch.data_ptr(), out.data_ptr(), None if candidates is None else candidates.data_ptr(),
-            None if self.tiles is None else self.tiles.data_ptr(), self.tiles_norm, amx_tiles.MODES[self.tiles_mode])
+            None if self.tiles is None else self.tiles.data_ptr(), self.tiles_norm, amx_tiles.MODES[mode])
         return out

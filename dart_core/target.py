@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from .acceptance import greedy_ids
+from .greedy_output import NO_TILES
 from .machine.hardware import Hardware, detect
 from .machine.kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies, weights_version
 from .lean_forward import OFF, LeanForward, StaticKV
@@ -59,6 +60,7 @@ class TargetModel:
         self.fast_linears: FastLinears | None = None
         self.lean: LeanForward | None = None
         self.greedy_copy_rows: int | None = None   # measured: greedy steps of up to these rows read the output copy
+        self._copy_tile_rows: int | None = 1        # ... and from these rows on compute its product on AMX tiles
 
     def use_lean(self, on: bool = True, graphs: bool = True) -> str | None:
         """Decode through the lean forward over a static cache (dart_core.lean_forward) where this model's family
@@ -74,22 +76,27 @@ class TargetModel:
         if self.lean is not None and graphs and native_unsupported(self.model, self.hardware) is None:
             kernel = few_rows.kernel(self.hardware.kind)
             self.lean.native = NativeLayers(self.lean, kernel) if kernel is not None else None
-            self.use_greedy_copy(self.greedy_copy_rows)
+            self.use_greedy_copy(self.greedy_copy_rows, self._copy_tile_rows)
         return why
 
-    def use_greedy_copy(self, rows: int | None) -> None:
+    def use_greedy_copy(self, rows: int | None, tile_rows: int | None = 1) -> None:
         """Greedy steps of up to `rows` rows choose from the output layer's copy (dart_core.greedy_output), larger ones
-        from the full layer; None: every step the C layer serves (the copy's rows as measured: setup.calibration)."""
-        self.greedy_copy_rows = rows
+        from the full layer; None: every step the C layer serves. Where the copy has AMX tiles, steps of at least
+        `tile_rows` rows compute its product on them (None: none). Both as measured: setup.calibration."""
+        self.greedy_copy_rows, self._copy_tile_rows = rows, tile_rows
         native = self.lean.native if self.lean is not None else None
         if native is not None and native.greedy is not None:
             native.greedy_rows = native.max_rows if rows is None else min(rows, native.max_rows)
+            native.greedy.tile_rows = NO_TILES if tile_rows is None else tile_rows
 
     @property
-    def greedy_copy_tiles(self) -> bool:
-        """Whether the output layer's copy computes its product on AMX tiles (dart_core.greedy_output)."""
+    def greedy_copy_tile_rows(self) -> int | None:
+        """The rows from which the output layer's copy computes its product on AMX tiles (None: it does not)."""
         native = self.lean.native if self.lean is not None else None
-        return bool(native is not None and native.greedy is not None and native.greedy.tiles_mode == "amx")
+        copy = native.greedy if native is not None else None
+        if copy is None or copy.tiles_mode != "amx" or copy.tile_rows >= NO_TILES:
+            return None
+        return copy.tile_rows
 
     @property
     def forward_kind(self) -> str:

@@ -79,6 +79,7 @@ ON_ANY_CPU = [
     "tests/test_draft_kernels.py::test_a_drafting_step_is_timed_after_what_runs_before_it",
     "tests/test_draft_native.py::test_where_it_cannot_run_it_says_why",
     "tests/test_greedy_output.py::test_the_copy_serves_the_rows_where_it_was_never_slower",
+    "tests/test_greedy_output.py::test_the_tiles_serve_the_rows_from_which_they_were_never_slower",
     "tests/test_few_rows.py::test_bad_inputs_are_refused_in_one_line",
     "tests/test_few_rows.py::test_a_build_that_cannot_happen_says_why",
     "tests/test_few_rows.py::test_a_fault_in_our_sources_is_told_from_a_missing_toolchain",

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dart_core.greedy_output import GreedyOutput
-from dart_core.setup.calibration import copy_rows, greedy_copy_rows, measure_greedy_copy
+from dart_core.greedy_output import NO_TILES
+from dart_core.setup.calibration import CopyChoice, copy_choice, greedy_copy_choice, measure_greedy_copy
 from dart_core.machine import few_rows
 from dart_core.machine.hardware import detect
 from dart_core.setup.tiny_models import tiny_target
@@ -53,7 +54,8 @@ def test_the_choice_is_the_full_layers_argmax(copy, tiles):
         for i in range(x.shape[0]):   # a row alone gets what it gets among others
             assert torch.equal(out.choose(x[i:i + 1]), full[i:i + 1].max(-1).indices)
     weight, x = near_ties(gen)
-    assert int(GreedyOutput(weight, kernel, copy, tiles).choose(x[:1])) in (10, 12)   # the first of the tied rows, or the ulp
+    # the first of the tied rows, or the one an ulp off
+    assert int(GreedyOutput(weight, kernel, copy, tiles).choose(x[:1])) in (10, 12)
 
 
 def test_a_bf16_layer_chooses_as_its_bf16_product_does():
@@ -213,29 +215,43 @@ def test_a_verify_gives_the_choices_its_logits_give():
 
 def test_the_copy_serves_the_rows_where_it_was_never_slower():
     record = {"rows": [1, 4, 8, 16], "full": [0.020, 0.021, 0.023, 0.029], "copy": [0.017, 0.021, 0.024, 0.028]}
-    assert copy_rows(record) == 4          # slower at 8: the full layer from there on, whatever 16 said
-    assert copy_rows({**record, "copy": [0.021, 0.01, 0.01, 0.01]}) == 0
-    assert copy_rows({**record, "copy": record["full"]}) == 16
+    assert copy_choice(record) == CopyChoice(4)   # slower at 8: the full layer from there on, whatever 16 said
+    assert copy_choice({**record, "copy": [0.021, 0.01, 0.01, 0.01]}).rows == 0
+    assert copy_choice({**record, "copy": record["full"]}).rows == 16
+
+
+def test_the_tiles_serve_the_rows_from_which_they_were_never_slower():
+    """With AMX tiles the copy is served by its faster way, and the tiles from the rows on which they never lost."""
+    record = {"rows": [1, 4, 8, 16], "full": [0.020, 0.021, 0.023, 0.029], "copy": [0.017, 0.021, 0.024, 0.028],
+              "tiles": [0.018, 0.020, 0.022, 0.023]}
+    assert copy_choice(record) == CopyChoice(16, 4)   # one row: the FMAs; the tiles win from 4 rows, and at 8
+    assert copy_choice({**record, "tiles": [0.016, 0.022, 0.022, 0.023]}) == CopyChoice(16, 8)   # lost at 4
+    assert copy_choice({**record, "tiles": [0.016, 0.020, 0.022, 0.030]}).tile_rows is None      # lost at the last
+    assert copy_choice({**record, "tiles": [0.016, 0.020, 0.022, 0.023]}) == CopyChoice(16, 1)
 
 
 def test_the_copys_rows_are_measured_and_applied(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     target = tiny_target("llama", seed=6)
     if target.forward_kind != "lean-native":
-        assert greedy_copy_rows(target) is None   # no C layer: no copy to measure
+        assert greedy_copy_choice(target) is None   # no C layer: no copy to measure
         return
     native = target.lean.native
     record = measure_greedy_copy(target, rows=(1, 4), rounds=1)
     assert record["rows"] == [1, 4] and all(t > 0 for t in record["full"] + record["copy"])
-    assert native.greedy_rows == native.max_rows             # the measurement leaves the copy as it found it
-    rows = greedy_copy_rows(target)
-    assert rows in (0, 1, 4, 8, 16, 32, 64) and greedy_copy_rows(target) == rows   # the second read: the cached file
+    assert ("tiles" in record) == (native.greedy.tiles is not None)   # where there are AMX tiles, they are timed too
+    assert native.greedy_rows == native.max_rows and native.greedy.tile_rows == 1   # left as it found them
+    choice = greedy_copy_choice(target)
+    assert choice.rows in (0, 1, 4, 8, 16, 32, 64) and greedy_copy_choice(target) == choice   # read back: the file
+    assert (choice.tile_rows is None) if native.greedy.tiles is None else choice.tile_rows in (None, 1, 4, 8, 16, 32, 64)
     cache = target.new_cache()
     target.prefill([1, 7, 9, 4, 22], cache)
     tree = TokenTree([4, 8, 9, 30, 31], [-1, 0, 0, 1, 1])
     expected = target.verify(tree, cache)[0].max(-1).indices
-    for served in (0, 4, None):   # the full layer, the copy up to 4 rows, the copy everywhere: the same choices
-        target.use_greedy_copy(served)
+    # the full layer, the copy up to 4 rows, the copy everywhere, with its tiles from 1 or 4 rows or never: the same
+    for served, tile_rows in [(0, 1), (4, 1), (None, 1), (None, 4), (None, None)]:
+        target.use_greedy_copy(served, tile_rows)
         assert native.greedy_rows == (native.max_rows if served is None else served)
+        assert native.greedy.tile_rows == (NO_TILES if tile_rows is None else tile_rows)
         target.rollback(cache, 5)
         assert torch.equal(target.verify(tree, cache, choices=True)[0], expected)

@@ -114,9 +114,10 @@ def test_the_output_copys_rows_keep_their_file_form_and_their_words():
     assert through_json(machine) == machine and machine.to_dict()["greedy_copy_rows"] == 16
     assert machine.text() == "a CPU · fp32 · lean-native forward · output copy up to 16 rows"
     assert "greedy_copy_rows" not in MachineRecord(summary="a CPU").to_dict()   # none measured: nothing written
-    tiles = MachineRecord(summary="a CPU", greedy_copy_rows=64, greedy_copy_tiles=True)
-    assert through_json(tiles) == tiles and tiles.text() == "a CPU · fp32 · output copy up to 64 rows on AMX tiles"
-    assert "greedy_copy_tiles" not in machine.to_dict() and not MachineRecord.from_dict(machine.to_dict()).greedy_copy_tiles
+    tiles = MachineRecord(summary="a CPU", greedy_copy_rows=64, greedy_copy_tile_rows=4)
+    assert through_json(tiles) == tiles and tiles.text() == "a CPU · fp32 · output copy up to 64 rows, on AMX tiles from 4"
+    assert "greedy_copy_tile_rows" not in machine.to_dict()
+    assert MachineRecord.from_dict(machine.to_dict()).greedy_copy_tile_rows is None
 
 
 def test_run_settings_say_how_the_run_was_made_in_one_line():

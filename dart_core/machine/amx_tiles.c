@@ -178,7 +178,8 @@ static void blocks_amx(const signed char *d1, const signed char *d2, long rows, 
     for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = t < 6 ? (unsigned char)rows : 16;
     _tile_loadconfig(&cfg);
     int c[4][GROUP_ROWS * TILE_N];
-    const char *next = (const char *)(tiles + lo * chunks * TILE_BYTES), *end = (const char *)(tiles + hi * chunks * TILE_BYTES);
+    const char *next = (const char *)(tiles + lo * chunks * TILE_BYTES);
+    const char *end = (const char *)(tiles + hi * chunks * TILE_BYTES);
     for (long l = 0; l < AHEAD && next + l < end; l += 64) __builtin_prefetch(next + l, 0, 3);   /* the start */
     next += AHEAD;
     for (long blk = lo; blk < hi; blk += 2) {

@@ -179,6 +179,10 @@ class KernelsInUse:
                    float(d.get("extra_mb") or 0.0))
 
 
+def _int_or_none(value) -> int | None:
+    return None if value is None else int(value)
+
+
 @dataclass
 class MachineRecord:
     """Where a run ran, as traces and the bench report record it: the hardware (and its one line as it was
@@ -193,13 +197,13 @@ class MachineRecord:
     draft_kernels: DraftKernelChoice | None = None
     forward: str = ""     # which forward decoded (TargetModel.forward_kind); "" in records older than it
     greedy_copy_rows: int | None = None   # greedy steps of up to these rows read the output layer's copy (measured)
-    greedy_copy_tiles: bool = False       # ... and compute its product on AMX tiles (greedy_output.py)
+    greedy_copy_tile_rows: int | None = None   # ... computing its product on AMX tiles from these rows (measured)
 
     def text(self) -> str:
         """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · output copy up to 16 rows
-        · drafting in int8' ('... up to 16 rows on AMX tiles ...' where its product runs there)."""
+        · drafting in int8' ('... up to 64 rows, on AMX tiles from 4 ...' where its product runs there)."""
         forward = f" · {self.forward} forward" if self.forward else ""
-        tiles = " on AMX tiles" if self.greedy_copy_tiles else ""
+        tiles = f", on AMX tiles from {self.greedy_copy_tile_rows}" if self.greedy_copy_tile_rows is not None else ""
         copy = f" · output copy up to {self.greedy_copy_rows} rows{tiles}" if self.greedy_copy_rows is not None else ""
         drafting = f" · drafting in {self.draft_kernels.kernels}" if self.draft_kernels is not None else ""
         return f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{copy}{drafting}"
@@ -213,8 +217,8 @@ class MachineRecord:
             d["draft_kernels"] = self.draft_kernels.to_dict()
         if self.greedy_copy_rows is not None:
             d["greedy_copy_rows"] = self.greedy_copy_rows
-        if self.greedy_copy_tiles:
-            d["greedy_copy_tiles"] = True
+        if self.greedy_copy_tile_rows is not None:
+            d["greedy_copy_tile_rows"] = self.greedy_copy_tile_rows
         return d
 
     @classmethod
@@ -229,5 +233,5 @@ class MachineRecord:
             cost_curve=CostCurve.from_dict(d["cost_curve"]) if d.get("cost_curve") else None,
             draft_kernels=DraftKernelChoice.from_dict(d["draft_kernels"]) if d.get("draft_kernels") else None,
             forward=str(d.get("forward") or ""),
-            greedy_copy_rows=int(d["greedy_copy_rows"]) if d.get("greedy_copy_rows") is not None else None,
-            greedy_copy_tiles=bool(d.get("greedy_copy_tiles")))
+            greedy_copy_rows=_int_or_none(d.get("greedy_copy_rows")),
+            greedy_copy_tile_rows=_int_or_none(d.get("greedy_copy_tile_rows")))

@@ -11,6 +11,7 @@ import hashlib
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 from .. import draft_native
 from ..draft_kernels import head_step, int8_copy, int8_supported, native_step, time_drafting
 from ..errors import ConfigError
+from ..greedy_output import NO_TILES
 from ..machine import few_rows
 from ..machine.hardware import Hardware
 from ..machine.kernels import KernelPlan, decoder_linears, measure_plan, onednn_applies, packed_linear, shape_key
@@ -151,7 +153,7 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
     output = "own-output-layer" if target.own_output_layer else "model"
     name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}|{output}|"
                                        f"{CURVE_FIT}|{target.forward_kind}|{curve_rows(target.device.type)}|"
-                                       f"copy {target.greedy_copy_rows}")
+                                       f"copy {target.greedy_copy_rows}, tiles {target.greedy_copy_tile_rows}")
     return cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
                    "the verify cost curve")
 
@@ -159,41 +161,62 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
 @torch.inference_mode()
 def measure_greedy_copy(target: TargetModel, rows: tuple[int, ...] = GREEDY_COPY_ROWS, context: int = CURVE_CONTEXT,
                         rounds: int = CURVE_ROUNDS) -> dict:
-    """Seconds of a greedy verify of k tokens after `context` tokens with the output layer read whole and from its
-    copy (dart_core.greedy_output), side by side: the median of `rounds` interleaved passes after a warm-up."""
+    """Seconds of a greedy verify of k tokens after `context` tokens with the output layer read whole ("full") and
+    from its copy (dart_core.greedy_output) by fp32 FMAs ("copy") and, where it has them, on AMX tiles ("tiles"), side
+    by side: the median of `rounds` interleaved passes after a warm-up."""
     native = target.lean.native
-    kept = native.greedy_rows
+    copy = native.greedy
+    kept = native.greedy_rows, copy.tile_rows
 
-    def serve(served: int):
+    def serve(served: int, tile_rows: int = NO_TILES):
         def set_up():
-            native.greedy_rows = served
+            native.greedy_rows, copy.tile_rows = served, tile_rows
         return set_up
+    ways = {"full": serve(0), "copy": serve(native.max_rows)}
+    if copy.tiles is not None:
+        ways["tiles"] = serve(native.max_rows, 1)
     try:
-        _, medians = _verify_times(target, rows, context, rounds, {"full": serve(0), "copy": serve(native.max_rows)})
+        _, medians = _verify_times(target, rows, context, rounds, ways)
     finally:
-        native.greedy_rows = kept
+        native.greedy_rows, copy.tile_rows = kept
     return {"rows": list(rows), **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
 
 
-def copy_rows(record: dict) -> int:
-    """The rows up to which the copy was never slower than the full layer (0: never faster)."""
+@dataclass(frozen=True)
+class CopyChoice:
+    """Where greedy steps read the output layer's copy: up to `rows` rows (0: never), on AMX tiles from `tile_rows`
+    rows (None: never)."""
+    rows: int
+    tile_rows: int | None = None
+
+
+def copy_choice(record: dict) -> CopyChoice:
+    """From a measure_greedy_copy record: the rows up to which the copy, by its faster way, was never slower than the
+    full layer; and the rows from which its tiles were never slower than its FMAs."""
+    best = [min(pair) for pair in zip(record["copy"], record.get("tiles", record["copy"]))]
     served = 0
-    for k, full, copy in zip(record["rows"], record["full"], record["copy"]):
+    for k, full, copy in zip(record["rows"], record["full"], best):
         if copy > full:
             break
         served = k
-    return served
+    tile_rows = None
+    if "tiles" in record:
+        for k, fma, tiles in reversed(list(zip(record["rows"], record["copy"], record["tiles"]))):
+            if tiles > fma:
+                break
+            tile_rows = k
+    return CopyChoice(served, tile_rows)
 
 
-def greedy_copy_rows(target: TargetModel, recalibrate: bool = False) -> int | None:
-    """Up to how many rows greedy steps read the output layer's copy here (measured once, cached); None where the C
-    layer has no copy (no C layer, or an output bias)."""
+def greedy_copy_choice(target: TargetModel, recalibrate: bool = False) -> CopyChoice | None:
+    """Up to how many rows greedy steps read the output layer's copy here, and from how many on its AMX tiles
+    (measured once, cached); None where the C layer has no copy (no C layer, or an output bias)."""
     native = target.lean.native if target.lean is not None else None
     if native is None or native.greedy is None:
         return None
     copy = native.greedy
     name = machine_key(target, "greedy-copy", f"{copy.kind}|{copy.tiles_mode}|{target.vocab_size}|{GREEDY_COPY_ROWS}")
-    return cached(name, recalibrate, lambda: measure_greedy_copy(target), copy_rows, lambda record: record,
+    return cached(name, recalibrate, lambda: measure_greedy_copy(target), copy_choice, lambda record: record,
                   "the output layer's copy for greedy steps")
 
 
@@ -219,7 +242,7 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
                          target.fast_linears.summary() if target.fast_linears is not None else None,
                          dtype_spelling(target.dtype), target.dtype_choice,
                          cost_curve(target, model_name) if with_curve else None, draft_kernels,
-                         target.forward_kind, target.greedy_copy_rows, target.greedy_copy_tiles)
+                         target.forward_kind, target.greedy_copy_rows, target.greedy_copy_tile_rows)
 
 
 INT8_MARGIN = 0.9      # int8 weights (whose rows differ a little) must take at most this share of the others' best

@@ -29,7 +29,7 @@ from ..proposers import DartProposer, HeadDrafter, PromptLookupProposer, Propose
 from ..target import TargetModel
 from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
-from .calibration import cost_curve, draft_kernel_choice, greedy_copy_rows, kernel_plan, machine_record
+from .calibration import cost_curve, draft_kernel_choice, greedy_copy_choice, kernel_plan, machine_record
 from .dtype_choice import AUTO, FAST, DtypeChoice, choose_cpu_dtype, choose_gpu_dtype, lossless_choice
 from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_LONGEST, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
 from .hub import fetch, is_hub_id
@@ -74,7 +74,9 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
     target.dtype_choice = choice
     target.use_lean(forward != TRANSFORMERS, graphs=forward == LEAN)
     target.use_kernels(kernel_plan(target, recalibrate))
-    target.use_greedy_copy(greedy_copy_rows(target, recalibrate))
+    choice = greedy_copy_choice(target, recalibrate)
+    if choice is not None:
+        target.use_greedy_copy(choice.rows, choice.tile_rows)
     return target
 
 
