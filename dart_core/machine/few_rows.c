@@ -237,16 +237,20 @@ static row_best then(row_best b, row_best c) {
     return b.nan < 0 && (c.nan >= 0 || (c.index >= 0 && (b.index < 0 || c.value > b.value))) ? c : b;
 }
 
+/* Thread t of T's columns c0 .. c1 - 1 of N outputs: those it computed in the products above. */
+#define COLUMN_SHARE(N, t, T, c0, c1)                                                                         \
+    SHARE(((N) + VW - 1) / VW, t, T, lo_, hi_)                                                                \
+    long c0 = lo_ * VW, c1 = hi_ * VW < (N) ? hi_ * VW : (N);                                                 \
+    c1 = c1 > c0 ? c1 : c0;
+
 void few_rows_argmax(const float *y, long M, long N, int threads, long *out) {
-    long blocks = (N + VW - 1) / VW;
     int most = threads > 0 ? threads : 1, used = 1;
     row_best bests[most][M];
     _Pragma("omp parallel num_threads(most)") {
         int t = 0, T = 1;
         THREAD_IDS(t, T)
-        SHARE(blocks, t, T, lo, hi)
-        long c0 = lo * VW, c1 = hi * VW < N ? hi * VW : N;
-        for (long m = 0; m < M; m++) bests[t][m] = best_in(y + m * N, c0, c1 > c0 ? c1 : c0);
+        COLUMN_SHARE(N, t, T, c0, c1)
+        for (long m = 0; m < M; m++) bests[t][m] = best_in(y + m * N, c0, c1);
         if (t == 0) used = T;
     }
     for (long m = 0; m < M; m++) {
@@ -396,7 +400,6 @@ void few_rows_choose(const float *x, const void *approx, int approx_kind, const 
     }
     /* Each thread scans the columns it computed (still in its caches) for every row; the threads' scans are merged,
        then each finds and computes its columns' candidates, and their bests are merged in column order. */
-    long blocks = (N + VW - 1) / VW;
     int most = threads > 0 ? threads : 1, used = 1;
     row_scan scans[most][M];
     row_best bests[most][M];
@@ -404,9 +407,7 @@ void few_rows_choose(const float *x, const void *approx, int approx_kind, const 
     _Pragma("omp parallel num_threads(most)") {
         int t = 0, T = 1;
         THREAD_IDS(t, T)
-        SHARE(blocks, t, T, lo, hi)
-        long c0 = lo * VW, c1 = hi * VW < N ? hi * VW : N;
-        c1 = c1 > c0 ? c1 : c0;
+        COLUMN_SHARE(N, t, T, c0, c1)
         for (long m = 0; m < M; m++) scans[t][m] = scan(scratch + m * N, bound, c0, c1, xn[m], widened[m]);
         _Pragma("omp barrier")
         for (long m = 0; m < M; m++) {
