@@ -1,6 +1,7 @@
 """Our own fp32 kernels for few rows, built for the CPU at hand with its C compiler: few_rows.c (a linear, on fp32 or
 bf16 weights) and lean_layer.c (a whole decoder layer on it, which dart_core/lean_native.py drives for the target and
-dart_core/draft_native.py for the draft head); with them tree_search.c, DART's tree search and its n-gram counts.
+dart_core/draft_native.py for the draft head); with them amx_tiles.c, the output copy's product on AMX tiles (packed
+by amx_tiles.py), and tree_search.c, DART's tree search and its n-gram counts.
 
 A decode step computes each linear for 1 row, a verify for a handful; both read every weight once, so the kernel that
 keeps memory busy wins. torch's GEMMs leave much of it unused at 2-16 rows (docs/cpu-speed.md, section 7). The C
