@@ -31,7 +31,6 @@ from .machine import amx_tiles
 from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel, PackedWeight
 
 UNIT = 2.0 ** -24          # fp32's unit roundoff
-NO_TILES = 2**31 - 1       # a tile_rows that no step reaches
 BOUND_ROWS = 4096          # weight rows whose bounds are computed at once (in fp64)
 
 
@@ -92,7 +91,8 @@ class GreedyOutput:
         n, k = self.weight.shape
         self.tiles = amx_tiles.int8_tiles(self.approx, k) if tiles != "off" else None
         self.tiles_norm = largest_norm(self.approx, n) if tiles != "off" else 0.0
-        self.tile_rows = 1   # steps of at least this many rows use the tiles (as measured: setup/calibration.py)
+        # steps of at least this many rows use the tiles (None: none; as measured: setup/calibration.py)
+        self.tile_rows: int | None = 1
         self.scratch = torch.empty(0)
 
     def choose(self, x: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,7 +105,7 @@ class GreedyOutput:
         if self.scratch.numel() < m * n:   # kept between steps: a fresh megabyte costs its page faults every step
             self.scratch = torch.empty(m * n)
         scratch = self.scratch
-        mode = self.tiles_mode if m >= self.tile_rows else "off"
+        mode = self.tiles_mode if self.tile_rows is not None and m >= self.tile_rows else "off"
         self.kernel.lib.few_rows_choose(
             x.data_ptr(), self.approx.blocks.data_ptr(), WEIGHT_KINDS[self.kind], self.bound.data_ptr(),
             self.weight.data_ptr(), WEIGHT_KINDS[self.weight.dtype], m, k, n, torch.get_num_threads(),

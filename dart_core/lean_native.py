@@ -75,7 +75,7 @@ class NativeLayers:
         self.output = kernel.pack(lean.output.weight, self.weights)
         self.output_bias = _flat(lean.output.bias)
         # greedy steps choose from a smaller copy of the output layer, exactly (greedy_output.py), up to the rows where
-        # it was measured faster than the full layer (setup/calibration.py: greedy_copy_rows)
+        # it was measured faster than the full layer (setup/calibration.py: greedy_copy_choice)
         self.greedy = GreedyOutput(lean.output.weight, kernel, GREEDY_COPY) if lean.output.bias is None else None
         self.greedy_rows = self.max_rows if self.greedy is not None else 0
         self.intermediate = lean.layers[0].down.in_features

@@ -13,7 +13,6 @@ import torch
 from transformers import DynamicCache
 
 from .acceptance import greedy_ids
-from .greedy_output import NO_TILES
 from .machine.hardware import Hardware, detect
 from .machine.kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies, weights_version
 from .lean_forward import OFF, LeanForward, StaticKV
@@ -87,16 +86,14 @@ class TargetModel:
         native = self.lean.native if self.lean is not None else None
         if native is not None and native.greedy is not None:
             native.greedy_rows = native.max_rows if rows is None else min(rows, native.max_rows)
-            native.greedy.tile_rows = NO_TILES if tile_rows is None else tile_rows
+            native.greedy.tile_rows = tile_rows
 
     @property
     def greedy_copy_tile_rows(self) -> int | None:
         """The rows from which the output layer's copy computes its product on AMX tiles (None: it does not)."""
         native = self.lean.native if self.lean is not None else None
         copy = native.greedy if native is not None else None
-        if copy is None or copy.tiles_mode != "amx" or copy.tile_rows >= NO_TILES:
-            return None
-        return copy.tile_rows
+        return copy.tile_rows if copy is not None and copy.tiles_mode == "amx" else None
 
     @property
     def forward_kind(self) -> str:

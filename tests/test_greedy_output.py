@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from dart_core.greedy_output import GreedyOutput
-from dart_core.greedy_output import NO_TILES
 from dart_core.setup.calibration import CopyChoice, copy_choice, greedy_copy_choice, measure_greedy_copy
 from dart_core.machine import few_rows
 from dart_core.machine.hardware import detect
@@ -252,6 +251,6 @@ def test_the_copys_rows_are_measured_and_applied(tmp_path, monkeypatch):
     for served, tile_rows in [(0, 1), (4, 1), (None, 1), (None, 4), (None, None)]:
         target.use_greedy_copy(served, tile_rows)
         assert native.greedy_rows == (native.max_rows if served is None else served)
-        assert native.greedy.tile_rows == (NO_TILES if tile_rows is None else tile_rows)
+        assert native.greedy.tile_rows == tile_rows
         target.rollback(cache, 5)
         assert torch.equal(target.verify(tree, cache, choices=True)[0], expected)

@@ -130,12 +130,8 @@ static void combine(const int *c1, const int *c2, const double *s, const float *
     for (long m = 0; m < rows; m++) {
         const int *a = c1 + m * TILE_N, *b = c2 + m * TILE_N;
         float *out = z + m * N + first;
-        if (width == TILE_N)   /* the loop the compiler vectorizes */
-            for (long n = 0; n < TILE_N; n++)
-                out[n] = (float)((double)scales[first + n] * s[m] * ((double)a[n] + b[n] * inverse));
-        else
-            for (long n = 0; n < width; n++)
-                out[n] = (float)((double)scales[first + n] * s[m] * ((double)a[n] + b[n] * inverse));
+        for (long n = 0; n < width; n++)
+            out[n] = (float)((double)scales[first + n] * s[m] * ((double)a[n] + b[n] * inverse));
     }
 }
 

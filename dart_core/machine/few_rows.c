@@ -177,11 +177,15 @@ void few_rows_linear_bf16(const float *x, const bf16 *w, const float *b, float *
     LINEAR(bf16_rows)
 }
 
-/* The same with int8 weights (packed the same way), each output's scale after the blocks: ceil(N / VW) * VW floats at
-   w + ceil(N / VW) * VW * K. */
+/* The scales of int8 weights packed for these products: ceil(N / VW) * VW floats after the blocks. */
+static inline const float *i8_scales(const signed char *w, long K, long N) {
+    return (const float *)(w + (N + VW - 1) / VW * VW * K);
+}
+
+/* The same with int8 weights (packed the same way), each output's scale after the blocks (i8_scales). */
 void few_rows_linear_i8(const float *x, const signed char *w, const float *b, float *y, long M, long K, long N,
                         int threads) {
-    const float *s = (const float *)(w + (N + VW - 1) / VW * VW * K);
+    const float *s = i8_scales(w, K, N);
     LINEAR(i8_rows)
 }
 
@@ -382,8 +386,7 @@ void few_rows_choose(const float *x, const void *approx, int approx_kind, const 
                      const signed char *tiles, float tiles_norm, int tiles_mode) {
     float widened[M];   /* what the tiles' digits add to every output's bound, per row */
     if (tiles_mode) {
-        const float *scales = (const float *)((const signed char *)approx + (N + VW - 1) / VW * VW * K);
-        int8_tiles_product(x, tiles, scales, M, K, N, threads, tiles_mode == 1, scratch, widened);
+        int8_tiles_product(x, tiles, i8_scales(approx, K, N), M, K, N, threads, tiles_mode == 1, scratch, widened);
         for (long m = 0; m < M; m++) widened[m] = nextafterf(widened[m] * tiles_norm, INFINITY);
     } else {
         for (long m = 0; m < M; m++) widened[m] = 0.0f;

@@ -12,7 +12,6 @@ float32 and bfloat16, in the machine record and the dtype choice's timings; they
 from __future__ import annotations
 
 import bisect
-
 from dataclasses import dataclass, field
 
 import numpy as np

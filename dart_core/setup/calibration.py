@@ -20,7 +20,6 @@ import torch
 from .. import draft_native
 from ..draft_kernels import head_step, int8_copy, int8_supported, native_step, time_drafting
 from ..errors import ConfigError
-from ..greedy_output import NO_TILES
 from ..machine import few_rows
 from ..machine.hardware import Hardware
 from ..machine.kernels import KernelPlan, decoder_linears, measure_plan, onednn_applies, packed_linear, shape_key
@@ -168,7 +167,7 @@ def measure_greedy_copy(target: TargetModel, rows: tuple[int, ...] = GREEDY_COPY
     copy = native.greedy
     kept = native.greedy_rows, copy.tile_rows
 
-    def serve(served: int, tile_rows: int = NO_TILES):
+    def serve(served: int, tile_rows: int | None = None):
         def set_up():
             native.greedy_rows, copy.tile_rows = served, tile_rows
         return set_up
