@@ -72,9 +72,13 @@ static inline vf load_i8(const signed char *p) {
    the others from L1, so memory stays busy (whole blocks per pass left it idle in every pass but the first: on the
    AMX Xeon 16 rows took 1.6x one row, at most 1.1x with spans). */
 #define SPAN 64
-/* Each weight stream is prefetched this many vectors ahead: without it the products of 8-16 rows, busy computing,
-   left the memory idle (on the AMX Xeon: 8 rows over 212 MB of weights 8.6 -> 7.0 ms, 1 row 6.3 -> 5.8 ms; 16 or 64
-   ahead gained less, and the non-temporal hint made every product twice as slow). */
+/* In one pass, each weight stream is prefetched this many vectors ahead: without it the products of 8-16 rows, busy
+   computing, left the memory idle (on the AMX Xeon: 8 rows over 212 MB of weights 8.6 -> 7.0 ms, 1 row 6.3 -> 5.8 ms;
+   16 or 64 ahead gained less, and the non-temporal hint made every product twice as slow). With several passes over a
+   span, every pass prefetches a share of the next span (pass p of P, every P-th input, the next span's input
+   (p SPAN + i) / P), so memory keeps fetching while the later passes compute from L1: prefetching in the first pass
+   alone left it idle through the others (the AMX Xeon, the model's linears at 24 rows 23.7 -> 20.4 ms, 32 rows 28.4
+   -> 25.4; prefetching two spans ahead, into L2 only, or spans of 32 or 128 inputs did no better). */
 #define PREFETCH 32
 
 /* y[n..] = v (times the outputs' scales s where the weights are int8) (+ b). Scale and bias in one fmaf: left to the
@@ -84,18 +88,22 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
         y[n + i] = s && b ? fmaf(v[i], s[n + i], b[n + i]) : s ? v[i] * s[n + i] : b ? v[i] + b[n + i] : v[i];
 }
 
-/* M rows' sums over inputs k0 .. k1 - 1 for NB blocks from blk: started at zero (k0 = 0) or from `part`, kept in
-   `part` or (k1 = K) stored as outputs. Each output gets one FMA per input, in ascending order, whatever M. */
+/* M rows' sums over inputs k0 .. k1 - 1 for NB blocks from blk, pass `pass` of `passes` over them: started at zero
+   (k0 = 0) or from `part`, kept in `part` or (k1 = K) stored as outputs. Each output gets one FMA per input, in
+   ascending order, whatever M. */
 #define UNIT(M, NB, LOAD)                                                                                     \
     {                                                                                                         \
         vf acc[M][NB];                                                                                        \
         _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                                                   \
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[m][j] = k0 ? part[m * NB + j] : (vf){0}; \
         const __typeof__(*w) *wb = w + blk * K * VW;                                                          \
-        for (long k = k0; k < k1; k++) {                                                                      \
+        long turn = pass * SPAN, due = turn % passes;   /* several passes: a prefetch every passes-th turn */ \
+        for (long k = k0; k < k1; k++, turn++) {                                                              \
             vf wv[NB];                                                                                        \
+            long ahead = passes == 1 ? k + PREFETCH : due == 0 ? k0 + SPAN + turn / passes : -1;              \
+            due = due == 0 ? passes - 1 : due - 1;                                                            \
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) {                                            \
-                __builtin_prefetch(wb + (j * K + k + PREFETCH) * VW, 0, 3);                                   \
+                if (ahead >= 0) __builtin_prefetch(wb + (j * K + ahead) * VW, 0, 3);                          \
                 wv[j] = LOAD(wb + (j * K + k) * VW);                                                          \
             }                                                                                                 \
             _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) {                                             \
@@ -116,7 +124,7 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
 #define ROWS(M, WT, NAME, LOAD)                                                                               \
     static void NAME##_##M(const float *restrict x, const WT *restrict w, const float *restrict b,            \
                            const float *restrict s, float *restrict y, long K, long N, long blk, int nb,      \
-                           long k0, long k1, vf *restrict part) {                                             \
+                           long k0, long k1, vf *restrict part, long pass, long passes) {                     \
         if (nb == NB_FOR(M)) UNIT(M, NB_FOR(M), LOAD)                                                         \
         else if (nb == NB_FOR(PASS_ROWS)) UNIT(M, NB_FOR(PASS_ROWS), LOAD)                                    \
         else UNIT(M, 1, LOAD)                                                                                 \
@@ -125,7 +133,7 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
     ROWS(1, WT, NAME, LOAD) ROWS(2, WT, NAME, LOAD) ROWS(3, WT, NAME, LOAD) ROWS(4, WT, NAME, LOAD)           \
     ROWS(5, WT, NAME, LOAD) ROWS(6, WT, NAME, LOAD) ROWS(7, WT, NAME, LOAD) ROWS(8, WT, NAME, LOAD)           \
     static void (*const NAME[PASS_ROWS + 1])(const float *, const WT *, const float *, const float *, float *, \
-                                            long, long, long, int, long, long, vf *) = {                      \
+                                            long, long, long, int, long, long, vf *, long, long) = {          \
         0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6, NAME##_7, NAME##_8};
 ALL_ROWS(float, f32_rows, load_f32)
 ALL_ROWS(bf16, bf16_rows, load_bf16)
@@ -152,7 +160,7 @@ ALL_ROWS(signed char, i8_rows, load_i8)
                 for (long p = 0; p < passes; p++) {                                                           \
                     long m0 = p * PASS_ROWS, rows = M - m0 < PASS_ROWS ? M - m0 : PASS_ROWS;                  \
                     BY_ROWS[rows](x + m0 * K, w, b, s, y + m0 * N, K, N, blk, nb, k0, k1,                     \
-                                  part + p * PASS_ROWS * NB_FOR(PASS_ROWS));                                  \
+                                  part + p * PASS_ROWS * NB_FOR(PASS_ROWS), p, passes);                       \
                 }                                                                                             \
             }                                                                                                 \
             blk += nb;                                                                                        \
@@ -310,7 +318,7 @@ static row_best exact_best(const float *x, const void *w, int w_kind, long K, co
     __builtin_memset(block, 0, sizeof block);
     for (int l = 0; l < count; l++)
         for (long k = 0; k < K; k++) block[k * VW + l] = weight_at(w, w_kind, at[l] * K + k);
-    f32_rows_1(x, block, 0, 0, exact, K, count, 0, 1, 0, K, part);
+    f32_rows_1(x, block, 0, 0, exact, K, count, 0, 1, 0, K, part, 0, 1);
     row_best c = best_in(exact, 0, count);
     c.index = at[c.index], c.nan = c.nan >= 0 ? c.index : -1;
     return c;
