@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from .acceptance import greedy_ids
 from .greedy_output import GreedyOutput
 from .lean_forward import LeanForward, attention_shape
+from .machine import huge_pages
 from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel, PackedWeight
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
@@ -74,6 +75,8 @@ class NativeLayers:
         self.layers = [self._packed(w) for w in lean.layers]
         self.output = kernel.pack(lean.output.weight, self.weights)
         self.output_bias = _flat(lean.output.bias)
+        # the packed weights on huge pages (machine/huge_pages.py): the largest, at least, was big enough to ask
+        self.huge_pages = huge_pages.in_use() and self.output.blocks.nbytes >= huge_pages.HUGE_PAGE
         # greedy steps choose from a smaller copy of the output layer, exactly (greedy_output.py), up to the rows where
         # it was measured faster than the full layer (setup/calibration.py: greedy_copy_choice)
         self.greedy = GreedyOutput(lean.output.weight, kernel, GREEDY_COPY) if lean.output.bias is None else None

@@ -89,6 +89,12 @@ class TargetModel:
             native.greedy.tile_rows = tile_rows
 
     @property
+    def huge_pages(self) -> bool | None:
+        """Whether the C layer's weights are on huge pages (dart_core.machine.huge_pages); None: no C layer."""
+        native = self.lean.native if self.lean is not None else None
+        return native.huge_pages if native is not None else None
+
+    @property
     def greedy_copy_tile_rows(self) -> int | None:
         """The rows from which the output layer's copy computes its product on AMX tiles (None: it does not)."""
         native = self.lean.native if self.lean is not None else None

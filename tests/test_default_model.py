@@ -7,7 +7,9 @@ from dart_core.setup.defaults import DEFAULT_HEAD
 from dart_core.tools.cli import main as cli_main
 from dart_core.decoding import GenerationConfig, run
 from dart_core.setup.loading import load, load_target, stop_ids
+from dart_core.machine import huge_pages
 from dart_core.metrics import Metrics
+from dart_core.setup.calibration import machine_record
 from dart_core.setup.models import ModelLoadError, resolve_model_path
 
 PROMPTS = [
@@ -28,6 +30,14 @@ def test_default_model_loads_offline(target):
     ids = encode_prompt(target.tokenizer, "Hello!")
     assert ids[-3:] == target.tokenizer.encode("<|im_start|>assistant\n")[-3:]
     assert 2 in stop_ids(target)
+
+
+def test_the_c_layers_weights_sit_on_huge_pages_where_the_os_offers_them(target):
+    if target.forward_kind != "lean-native":
+        assert target.huge_pages is None
+        return
+    assert target.huge_pages == huge_pages.offered()
+    assert ("weights on huge pages" in machine_record(target, "default").text()) == huge_pages.offered()
 
 
 def test_shipped_head_is_lossless_and_trained(target):

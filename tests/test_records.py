@@ -120,6 +120,16 @@ def test_the_output_copys_rows_keep_their_file_form_and_their_words():
     assert MachineRecord.from_dict(machine.to_dict()).greedy_copy_tile_rows is None
 
 
+def test_the_weights_pages_keep_their_file_form_and_their_words():
+    huge = MachineRecord(summary="a CPU", forward="lean-native", huge_pages=True)
+    assert through_json(huge) == huge and huge.to_dict()["huge_pages"] is True
+    assert huge.text() == "a CPU · fp32 · lean-native forward · weights on huge pages"
+    small = MachineRecord(summary="a CPU", forward="lean-native", huge_pages=False)
+    assert through_json(small) == small and small.text() == "a CPU · fp32 · lean-native forward"
+    assert "huge_pages" not in MachineRecord(summary="a CPU").to_dict()   # no C layer: nothing written
+    assert MachineRecord.from_dict({"summary": "an old record"}).huge_pages is None
+
+
 def test_run_settings_say_how_the_run_was_made_in_one_line():
     assert SamplingConfig().text() == "greedy"
     assert SamplingConfig(0.7, 0.9, 50, 3).text() == "temperature 0.7, top-p 0.9, top-k 50, seed 3"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from . import huge_pages
 from .few_rows import FewRowsKernel, PackedWeight
 
 TILE_N, TILE_K = 16, 64      # outputs and int8 inputs per tile (16 rows of 4)
@@ -35,4 +36,4 @@ def int8_tiles(copy: PackedWeight, k: int) -> torch.Tensor:
     padded = torch.zeros(-(-n // TILE_N) * TILE_N, -(-k // TILE_K) * TILE_K, dtype=torch.int8)
     padded[:n, :k] = q
     b, c = padded.shape[0] // TILE_N, padded.shape[1] // TILE_K
-    return padded.view(b, TILE_N, c, TILE_K // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
+    return huge_pages.copy_of(padded.view(b, TILE_N, c, TILE_K // 4, 4).permute(0, 2, 3, 1, 4))

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from . import huge_pages
 from .cpu_info import cpu_flags, cpu_name
 from .paths import cache_root
 
@@ -73,11 +74,11 @@ def pack(weight: torch.Tensor, width: int, dtype: torch.dtype = torch.float32) -
     w = torch.zeros(padded, k)
     w[:n] = weight.detach().float()
     if dtype != torch.int8:
-        return PackedWeight(w.to(dtype).view(padded // width, width, k).transpose(1, 2).contiguous(), n)
+        return PackedWeight(huge_pages.copy_of(w.to(dtype).view(padded // width, width, k).transpose(1, 2)), n)
     scale = w.abs().amax(dim=1) / 127
     scale[scale == 0] = 1.0
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    buffer = torch.empty(padded * k + 4 * padded, dtype=torch.int8)    # the blocks, then the scales
+    buffer = huge_pages.empty(padded * k + 4 * padded, torch.int8)    # the blocks, then the scales
     blocks = buffer[: padded * k].view(padded // width, k, width)
     blocks.copy_(q.view(padded // width, width, k).transpose(1, 2))
     scales = buffer[padded * k:].view(torch.float32)

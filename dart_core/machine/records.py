@@ -197,6 +197,7 @@ class MachineRecord:
     forward: str = ""     # which forward decoded (TargetModel.forward_kind); "" in records older than it
     greedy_copy_rows: int | None = None   # greedy steps of up to these rows read the output layer's copy (measured)
     greedy_copy_tile_rows: int | None = None   # ... computing its product on AMX tiles from these rows (measured)
+    huge_pages: bool | None = None   # the C layer's weights on huge pages (machine/huge_pages.py); None: no C layer
 
     def text(self) -> str:
         """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · output copy up to 16 rows
@@ -205,7 +206,8 @@ class MachineRecord:
         tiles = f", on AMX tiles from {self.greedy_copy_tile_rows}" if self.greedy_copy_tile_rows is not None else ""
         copy = f" · output copy up to {self.greedy_copy_rows} rows{tiles}" if self.greedy_copy_rows is not None else ""
         drafting = f" · drafting in {self.draft_kernels.kernels}" if self.draft_kernels is not None else ""
-        return f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{copy}{drafting}"
+        pages = " · weights on huge pages" if self.huge_pages else ""
+        return f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{copy}{drafting}{pages}"
 
     def to_dict(self) -> dict:
         d = {"hardware": self.hardware.to_dict(), "summary": self.summary,
@@ -218,6 +220,8 @@ class MachineRecord:
             d["greedy_copy_rows"] = self.greedy_copy_rows
         if self.greedy_copy_tile_rows is not None:
             d["greedy_copy_tile_rows"] = self.greedy_copy_tile_rows
+        if self.huge_pages is not None:
+            d["huge_pages"] = self.huge_pages
         return d
 
     @classmethod
@@ -233,4 +237,5 @@ class MachineRecord:
             draft_kernels=DraftKernelChoice.from_dict(d["draft_kernels"]) if d.get("draft_kernels") else None,
             forward=str(d.get("forward") or ""),
             greedy_copy_rows=_int_or_none(d.get("greedy_copy_rows")),
-            greedy_copy_tile_rows=_int_or_none(d.get("greedy_copy_tile_rows")))
+            greedy_copy_tile_rows=_int_or_none(d.get("greedy_copy_tile_rows")),
+            huge_pages=bool(d["huge_pages"]) if d.get("huge_pages") is not None else None)

@@ -1,0 +1,96 @@
+"""Decoding under a few setups in one process, alternating per prompt (so a machine's swings hit every setup alike):
+DART at fixed node budgets beside the automatic one, or the C layer's weights on huge pages against small ones.
+
+    python -m studies.alternate budgets --budgets 5,8,11,15,23     # dart: fixed budgets and auto, beside vanilla
+    python -m studies.alternate pages --methods vanilla,dart       # weights on huge pages or on 4 KB pages
+
+The default model in fp32, greedy, 128 new tokens, 4 MT-bench and 4 HumanEval prompts (--prompts N each). Prints each
+setup's tokens/s, τ, verified rows a step and its ratio to the first setup, and whether every output was the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import time
+
+from dart_core.decoding import GenerationConfig, run
+from dart_core.lean_native import NativeLayers
+from dart_core.machine import huge_pages
+from dart_core.setup.chat import encode_prompt
+from dart_core.setup.datasets import humaneval_prompts, mtbench_prompts
+from dart_core.setup.defaults import default_search_config
+from dart_core.setup.loading import DraftSettings, load
+
+
+def budget_setups(loaded, method: str, budgets: list[int]) -> dict:
+    """(proposer, None) per setup: vanilla, the automatic budget, then each fixed one."""
+    base = default_search_config()
+    setups = {"vanilla": (loaded.proposer("vanilla", DraftSettings(base, True)), None),
+              f"{method}, auto": (loaded.proposer(method, DraftSettings(base, True)), None)}
+    for b in budgets:
+        fixed = DraftSettings(dataclasses.replace(base, node_budget=b), False)
+        setups[f"{method}, {b} nodes"] = (loaded.proposer(method, fixed), None)
+    return setups
+
+
+def page_setups(loaded, methods: list[str]) -> dict:
+    """(proposer, C layer) per method and page size: the target's C layer packed again on each."""
+    target, current = loaded.target, loaded.target.lean.native
+    layers = {}
+    for pages, on in (("small pages", False), ("huge pages", True)):
+        previous = huge_pages.use(on)
+        layers[pages] = NativeLayers(target.lean, current.kernel)
+        huge_pages.use(previous)
+        layers[pages].greedy_rows, layers[pages].greedy.tile_rows = current.greedy_rows, current.greedy.tile_rows
+    settings = DraftSettings(default_search_config(), True)
+    return {f"{m}, {pages}": (loaded.proposer(m, settings), native) for m in methods for pages, native in layers.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("compare", choices=["budgets", "pages"])
+    ap.add_argument("--method", default="dart", help="budgets: the method whose budget is fixed")
+    ap.add_argument("--budgets", default="5,8,11,15,23")
+    ap.add_argument("--methods", default="vanilla,dart", help="pages: the methods compared")
+    ap.add_argument("--prompts", type=int, default=4)
+    args = ap.parse_args(argv)
+    loaded = load(dtype="fp32")
+    target = loaded.target
+    if target.forward_kind != "lean-native":
+        raise SystemExit("our C layer does not decode here: nothing to compare")
+    prompts = mtbench_prompts()[: args.prompts] + humaneval_prompts()[: args.prompts]
+    ids = [encode_prompt(target.tokenizer, p.text) for p in prompts]
+    setups = (budget_setups(loaded, args.method, [int(b) for b in args.budgets.split(",")])
+              if args.compare == "budgets" else page_setups(loaded, args.methods.split(",")))
+    config = GenerationConfig(max_new_tokens=128, stop_ids=loaded.stop_ids)
+    print(target.hardware.describe())
+    seconds, tokens, steps, rows = (collections.Counter() for _ in range(4))
+    outputs = collections.defaultdict(set)
+    own = target.lean.native
+    for name, (proposer, native) in setups.items():   # a warm-up each
+        target.lean.native = native or own
+        run(target, proposer, ids[0], config)
+    for prompt in ids:
+        for name, (proposer, native) in setups.items():
+            target.lean.native = native or own
+            t0 = time.perf_counter()
+            trace = run(target, proposer, prompt, config)
+            seconds[name] += time.perf_counter() - t0
+            tokens[name] += len(trace.output_ids)
+            steps[name] += len(trace.steps) - 1
+            rows[name] += sum(len(s.tree) for s in trace.steps[1:])
+            outputs[tuple(prompt)].add(tuple(trace.output_ids))
+    target.lean.native = own
+    first = next(iter(setups))
+    for name in setups:
+        rate = tokens[name] / seconds[name]
+        print(f"{name:24s} {rate:6.1f} tokens/s  τ {tokens[name] / steps[name]:.2f}  "
+              f"{rows[name] / steps[name]:4.1f} rows a step  {rate / (tokens[first] / seconds[first]):.3f}x")
+    print("every output the same:", all(len(v) == 1 for v in outputs.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
