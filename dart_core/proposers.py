@@ -19,9 +19,11 @@ import torch
 from .budget.auto import AutoBudget
 from .context_ngram import ContextNGram
 from . import draft_native
+from .draft_fixed import FixedDraft
 from .draft_head import DraftCache, DraftHead
 from .draft_kernels import int8_copy, int8_supported
 from .errors import ConfigError
+from .lean_forward import OFF
 from .machine.kernels import onednn_applies, packed_linear
 from .machine.records import DRAFT_KERNELS, FP32_KERNELS, INT8_KERNELS
 from .methods import DART, DART_PLD, PLD, VANILLA
@@ -143,10 +145,18 @@ class HeadDrafter(Drafter):
             raise ConfigError(f"unknown draft kernels {kernels!r}; use one of {', '.join(DRAFT_KERNELS)}")
         elif onednn_applies(head.lm_head, target.hardware):
             self.output = packed_linear(head.lm_head, target.hardware)
+        # where the target's steps run at fixed shapes (as CUDA graphs on a GPU), the head's do too
+        lean = getattr(target, "lean", None)
+        graphs = lean.graphs if lean is not None else OFF
+        self.fixed = FixedDraft(self.head, self.out_weight, self.output, graphs) \
+            if graphs != OFF and kernels == FP32_KERNELS else None
         self.reset()
 
     def reset(self):
-        self.cache = self.native.new_cache() if self.native is not None else DraftCache()
+        if self.fixed is not None:
+            self.cache = self.fixed.new_cache()
+        else:
+            self.cache = self.native.new_cache() if self.native is not None else DraftCache()
 
     @torch.inference_mode()
     def draft(self, context, new_features):
@@ -157,6 +167,8 @@ class HeadDrafter(Drafter):
         embeds = self.target.embed_tokens(ids)
         if self.native is not None:
             return self.native.step(new_features, embeds, self.cache)
+        if self.fixed is not None:
+            return self.fixed.step(new_features, embeds, self.cache)[: self.n_rows]
         return self.head(new_features, embeds, self.cache, self.out_weight, self.output)[: self.n_rows]
 
     def target_ids(self, draft_ids):

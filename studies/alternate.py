@@ -45,7 +45,8 @@ def page_setups(loaded, methods: list[str]) -> dict:
         huge_pages.use(previous)
         layers[pages].greedy_rows, layers[pages].greedy.tile_rows = current.greedy_rows, current.greedy.tile_rows
     settings = DraftSettings(default_search_config(), True)
-    return {f"{m}, {pages}": (loaded.proposer(m, settings), native) for m in methods for pages, native in layers.items()}
+    return {f"{m}, {pages}": (loaded.proposer(m, settings), native)
+            for m in methods for pages, native in layers.items()}
 
 
 def main(argv=None) -> int:

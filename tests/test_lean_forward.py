@@ -190,6 +190,9 @@ def test_steps_captured_once_and_replayed_decode_losslessly(one_thread, monkeypa
         for p in (VanillaProposer(), proposer):
             assert run(lean, p, prompt, GenerationConfig(max_new_tokens=16)).output_ids == \
                 plain_greedy_reference(lean, prompt, 16), p.name
-    # one capture per bucket of each cache (a longer prompt takes a larger cache), every other step a replay
-    assert len(graphs) == sum(len(c.fixed.buckets) for c in lean.lean._free)
+    # one capture per bucket of each cache (a longer prompt takes a larger cache), and of the head's steps (one
+    # cache for every decode); every other step a replay
+    drafted = proposer.drafter.fixed.buckets
+    assert drafted and len(graphs) == sum(len(c.fixed.buckets) for c in lean.lean._free) + len(drafted)
+    assert all(b.graph is not None for b in drafted.values())
     assert sum(g.replays for g in graphs) > 4 * 16 // 2

@@ -1,0 +1,161 @@
+"""The draft head's step at fixed shapes: its keys and values in a static cache, the new positions padded to a bucket,
+attention over the cache's whole capacity under a mask. At fixed shapes a step is captured once per bucket as a CUDA
+graph and replayed: one launch instead of the head's few dozen, which on a GPU is most of its step (the target's
+steps do the same: dart_core.fixed_step). On any device the same code also runs eagerly (the tests run it so on the
+CPU), so what a GPU replays is what the suite checks against the head's own forward.
+
+A step computes what DraftHead.forward computes. Row r of a bucket of B new positions writes its key and value at
+cache entry P + r (P: the entries kept so far): the S real positions where they stay, the padded rows and the K mask
+slots past them, where the next step overwrites them. A real row sees the cache and the real rows up to itself; a
+padded row sees itself only; mask slot m sees the cache, every real row and the slots up to m, at positions
+P + S + m, as in the head's own forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import fixed_step
+from .draft_head import DraftHead, rope
+from .lean_forward import CUDA, EAGER
+
+BUCKETS = (1, 2, 4, 8, 16)   # new positions a step is padded to; more (the prompt's) run eagerly at their own shape
+
+
+class StaticDraftCache:
+    """The head's keys and values, [kv_heads, capacity, head_dim] each, `length` entries kept; grown (by doubling,
+    copying once) only where a run outlives it."""
+
+    def __init__(self, head: DraftHead, capacity: int, device, dtype):
+        c = head.config
+        self.keys = torch.zeros(c.num_kv_heads, capacity, c.head_dim, device=device, dtype=dtype)
+        self.values = torch.zeros_like(self.keys)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[1]
+
+    def reserve(self, entries: int) -> bool:
+        """Room for `entries`; True when the tensors were replaced (graphs that read the old ones are stale)."""
+        if entries <= self.capacity:
+            return False
+        grown = max(entries, 2 * self.capacity)
+        keys, values = (t.new_zeros(t.shape[0], grown, t.shape[2]) for t in (self.keys, self.values))
+        keys[:, : self.length], values[:, : self.length] = self.keys[:, : self.length], self.values[:, : self.length]
+        self.keys, self.values = keys, values
+        return True
+
+
+@dataclass
+class _Bucket:
+    """One bucket's inputs, outputs and (on a GPU) its graph: replaying it reads the inputs and fills `logits`."""
+    features: torch.Tensor     # [B, 3H]
+    embeds: torch.Tensor       # [B, H]
+    positions: torch.Tensor    # [B + K] rotary positions
+    write: torch.Tensor        # [B + K] cache entries the rows' keys and values go to
+    mask: torch.Tensor         # [B + K, capacity] bool: what each row sees
+    rows: torch.Tensor         # [K + 1] the rows whose logits the step returns: the last real one and the slots
+    logits: torch.Tensor | None = None
+    graph: object | None = None
+
+
+class FixedDraft:
+    """The head's drafting steps at fixed shapes, a bucket each, over one StaticDraftCache at a time (its graphs read
+    that cache's tensors: a new or grown cache captures them again)."""
+
+    def __init__(self, head: DraftHead, out_weight: torch.Tensor | None, output=None, graphs: str = EAGER,
+                 capacity: int = 256):
+        self.head, self.out_weight, self.output, self.graphs = head, out_weight, output, graphs
+        self.capacity = capacity
+        self.cache: StaticDraftCache | None = None
+        self.buckets: dict[int, _Bucket] = {}
+
+    def new_cache(self) -> StaticDraftCache:
+        """The cache for a new decode: the last one emptied (its buckets' graphs read it: captured once, replayed by
+        every decode), or a first one."""
+        if self.cache is None:
+            head = self.head
+            self.cache = StaticDraftCache(head, self.capacity, head.mask_embed.device, head.mask_embed.dtype)
+        self.cache.length = 0
+        return self.cache
+
+    @torch.inference_mode()
+    def step(self, features: torch.Tensor, embeds: torch.Tensor, cache: StaticDraftCache) -> torch.Tensor:
+        """As DraftHead.forward: the S new positions' features [S, 3H] and embeddings [S, H] appended to `cache`;
+        returns logits [K + 1, Vd]."""
+        if cache is not self.cache:
+            raise ValueError("a FixedDraft steps over the cache it made last (new_cache)")
+        S, K, P = features.shape[0], self.head.config.n_mask, cache.length
+        size = next((b for b in BUCKETS if b >= S), S)
+        if cache.reserve(P + size + K):
+            self.buckets = {}
+        bucket = self.buckets.get(size) or self._bucket(size, P)
+        self._fill(bucket, features, embeds, P, S)
+        if bucket.graph is not None:
+            bucket.graph.replay()
+        else:
+            bucket.logits = self._compute(bucket)
+        cache.length = P + S
+        return bucket.logits.clone()
+
+    def _bucket(self, size: int, past: int) -> _Bucket:
+        c, device = self.head.config, self.cache.keys.device
+        K, dtype = c.n_mask, self.head.mask_embed.dtype
+        write = torch.arange(past, past + size + K, device=device)   # past the kept entries: warm-ups may write
+        bucket = _Bucket(torch.zeros(size, 3 * c.hidden_size, device=device, dtype=dtype),
+                         torch.zeros(size, c.hidden_size, device=device, dtype=dtype), write.clone(), write,
+                         torch.zeros(size + K, self.cache.capacity, dtype=torch.bool, device=device),
+                         torch.zeros(K + 1, dtype=torch.long, device=device))
+        bucket.mask[torch.arange(size + K, device=device), write] = True   # each row sees itself: no empty row
+        if size in BUCKETS:
+            if self.graphs == CUDA:
+                bucket.graph, (bucket.logits,) = fixed_step.capture_graph(lambda: (self._compute(bucket),))
+            self.buckets[size] = bucket
+        return bucket
+
+    def _fill(self, bucket: _Bucket, features, embeds, P: int, S: int) -> None:
+        size, K = bucket.features.shape[0], self.head.config.n_mask
+        device = bucket.mask.device
+        bucket.features.zero_()
+        bucket.features[:S] = features.to(bucket.features.dtype)
+        bucket.embeds.zero_()
+        bucket.embeds[:S] = embeds.to(bucket.embeds.dtype)
+        real, slots = torch.arange(S, device=device), torch.arange(K, device=device)
+        bucket.positions.fill_(P)
+        bucket.positions[:S] = P + real
+        bucket.positions[size:] = P + S + slots
+        bucket.write.copy_(torch.arange(P, P + size + K, device=device))
+        bucket.mask.zero_()
+        bucket.mask[:S, :P] = True
+        bucket.mask[:S, P: P + S] = torch.ones(S, S, dtype=torch.bool, device=device).tril()
+        pad = torch.arange(S, size, device=device)
+        bucket.mask[pad, P + pad] = True
+        bucket.mask[size:, : P + S] = True
+        bucket.mask[size:, P + size: P + size + K] = torch.ones(K, K, dtype=torch.bool, device=device).tril()
+        bucket.rows[0] = S - 1
+        bucket.rows[1:] = size + slots
+
+    def _compute(self, bucket: _Bucket) -> torch.Tensor:
+        """The step's arithmetic from the bucket's inputs (what a graph captures): DraftHead.forward's, the keys and
+        values written at `write`, the attention over the whole cache under `mask`."""
+        head, c, cache = self.head, self.head.config, self.cache
+        K, H, T = c.n_mask, c.hidden_size, bucket.positions.shape[0]
+        x, g = head._input(bucket.features, bucket.embeds)
+        x = torch.cat([x, head.mask_embed.to(x.dtype).expand(K, -1)], dim=0)
+        residual = torch.cat([g, head.mask_embed[:H].to(g.dtype).expand(K, -1)], dim=0)
+        q = head.q_proj(x).view(T, c.num_heads, c.head_dim).transpose(0, 1)
+        k = head.k_proj(x).view(T, c.num_kv_heads, c.head_dim).transpose(0, 1)
+        v = head.v_proj(x).view(T, c.num_kv_heads, c.head_dim).transpose(0, 1)
+        q, k = rope(q, bucket.positions, c.rope_theta), rope(k, bucket.positions, c.rope_theta)
+        cache.keys.index_copy_(1, bucket.write, k.to(cache.keys.dtype))
+        cache.values.index_copy_(1, bucket.write, v.to(cache.values.dtype))
+        rep = c.num_heads // c.num_kv_heads
+        attn = F.scaled_dot_product_attention(q, cache.keys.repeat_interleave(rep, 0).to(q.dtype),
+                                              cache.values.repeat_interleave(rep, 0).to(q.dtype),
+                                              attn_mask=bucket.mask)
+        h = residual + head.o_proj(attn.transpose(0, 1).reshape(T, -1))
+        return head._mlp_and_logits(h.index_select(0, bucket.rows), self.out_weight, self.output)
