@@ -9,7 +9,8 @@
 #
 #   scripts/gpu-check.sh                         # on a GPU
 #   scripts/gpu-check.sh cuda full --model DIR   # the speed table on another model (arguments after the second go
-#                                                # to scripts/gpu_speed.py: --model, --draft, --ngram, --prompts, ...)
+#                                                # to scripts/gpu_speed.py: --model, --draft, --ngram, --prompts,
+#                                                # --prompt-file where the data sets' packages are not installed, ...)
 #   scripts/gpu-check.sh cpu quick               # the check's code paths on a CPU, in seconds (the suite runs this)
 #
 # Needs torch, transformers, safetensors and numpy: the project's venv, or PYTHON=... for another interpreter; wheels

@@ -38,13 +38,12 @@ from dart_core.setup.chat import encode_prompt
 from dart_core.setup.datasets import mtbench_prompts
 from dart_core.setup.defaults import cache_root
 from dart_core.setup.loading import DraftSettings, load, load_draft
-from dart_core.setup.tiny_models import plain_greedy_reference, random_head, tiny_target
+from dart_core.setup.tiny_models import plain_greedy_reference, random_head, random_prompts, tiny_target
 from dart_core.tree_search import SearchConfig
 from dart_core.draft_head import DraftConfig, DraftHead
 from dart_core.formats.head_formats import save_authors
 from dart_core.lean_forward import CUDA, EAGER
 from dart_core.target import TargetModel
-from tests.test_engine_lossless import prompts
 from tests.train_fixtures import save_tiny_qwen3, write_chats
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +86,7 @@ def tiny_lossless(report: Report, device: str, dtype: str, n_prompts: int, folde
         for name, head in heads.items():
             proposer = DartProposer(HeadDrafter(head, target), SearchConfig(node_budget=30))
             same, steps, timed = 0, 0, True
-            batch = prompts(n_prompts, target.vocab_size, seed=4)
+            batch = random_prompts(n_prompts, target.vocab_size, seed=4)
             for prompt in batch:
                 expected = plain_greedy_reference(target, prompt, 16)
                 trace = run(target, proposer, prompt, GenerationConfig(max_new_tokens=16))
@@ -138,7 +137,7 @@ def tiny_training(report: Report, device: str, quick: bool, folder: Path) -> Non
                          .to(device).eval())
     head = load_draft(str(folder / "run" / "best"), target)
     proposer = DartProposer(HeadDrafter(head, target), SearchConfig(node_budget=20))
-    batch = prompts(3, target.vocab_size, seed=5)
+    batch = random_prompts(3, target.vocab_size, seed=5)
     same = sum(run(target, proposer, p, GenerationConfig(max_new_tokens=16)).output_ids ==
                plain_greedy_reference(target, p, 16) for p in batch)
     report.check("trained head (authors' format) lossless", same == len(batch),

@@ -3,6 +3,7 @@ the node budget), then one table and one JSON report of them all.
 
     python -m scripts.gpu_speed --device cuda --out runs/gpu-speed            # what scripts/gpu-check.sh runs
     python -m scripts.gpu_speed --device cpu --prompts 1 --max-new-tokens 8 --model M --draft random --ngram none
+    python -m scripts.gpu_speed --prompt-file prompts.jsonl   # carried prompts, where the data sets' packages are not
 
 Configurations, most telling first (each is `python -m dart_core bench` with $DART_FORWARD set):
   lean          our forward, static cache, steps captured as CUDA graphs: hf_generate, vanilla, dart, dart_pld (fp32)
@@ -55,7 +56,8 @@ CONFIGS = (
 def bench_argv(config: Config, args, out: Path) -> list[str]:
     return ["bench", "--model", args.model, "--draft", args.draft, "--ngram", args.ngram, "--device", args.device,
             "--methods", config.methods, "--dtype", config.dtype, "--node-budget", config.node_budget,
-            "--workloads", args.workloads, "--limit", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
+            *(["--prompts", args.prompt_file] if args.prompt_file else ["--workloads", args.workloads]),
+            "--limit", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
             "--temperature", "0", "--warmup", "1", "--no-progress", "--out", str(out)]
 
 
@@ -101,6 +103,9 @@ def main(argv=None) -> int:
     p.add_argument("--ngram", default="default")
     p.add_argument("--workloads", default="mtbench,humaneval")
     p.add_argument("--prompts", type=int, default=4, help="prompts per workload")
+    p.add_argument("--prompt-file", default=None,
+                   help="a jsonl file with a 'prompt' field a line, instead of the workloads (where their data sets' "
+                        "packages are not installed)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--only", default=None, help="comma list of configuration names (default: all)")
     p.add_argument("--seconds", type=float, default=420, help="no configuration starts after this many seconds")

@@ -19,7 +19,7 @@ from dart_core.setup.tiny_models import plain_greedy_reference, tiny_target
 from dart_core.tree_search import SearchConfig
 from tests.authors_format import THEIR_KEYS, read_authors_head, their_draft, their_features, write_authors_head
 from tests.sampling_stats import chi2_pvalue, exact_joint, sample_through_the_loop
-from tests.test_engine_lossless import prompts
+from dart_core.setup.tiny_models import random_prompts as prompts
 
 
 @pytest.fixture(scope="module")

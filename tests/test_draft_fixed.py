@@ -15,7 +15,7 @@ from dart_core.lean_forward import EAGER, OFF
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup.tiny_models import plain_greedy_reference, random_head, tiny_target
 from dart_core.tree_search import SearchConfig
-from tests.test_engine_lossless import prompts
+from dart_core.setup.tiny_models import random_prompts as prompts
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,5 @@
 """Greedy DART / prompt lookup / vanilla decoding are token-identical to plain greedy decoding (fp32)."""
 
-import random
-
 import pytest
 
 from dart_core.decoding import GenerationConfig, run
@@ -10,21 +8,13 @@ from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
 from dart_core.tree_search import SearchConfig
 from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, random_head, tiny_target
+from dart_core.setup.tiny_models import random_prompts as prompts
 
 KNOBS = {
     "budget1": SearchConfig(node_budget=1),
     "default": SearchConfig(),
     "large": SearchConfig(node_budget=200, beam_width=30, topk=30),
 }
-
-
-def prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        base = [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 12))]
-        out.append(base + base[: rng.randrange(0, len(base))])  # some repetition, so lookups can hit
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from dart_core.setup import loading
 from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, random_head, tiny_target
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
-from tests.test_engine_lossless import prompts
+from dart_core.setup.tiny_models import random_prompts as prompts
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 NATIVE = "native"   # the C layer (dart_core.lean_native), where this machine builds it

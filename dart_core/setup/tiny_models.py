@@ -3,6 +3,8 @@ decode with, and the lossless yardstick they compare against (plain_greedy_refer
 
 from __future__ import annotations
 
+import random
+
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, Qwen2Config, Qwen3Config
 
@@ -15,6 +17,17 @@ CONFIGS = {
     "qwen2": Qwen2Config,
     "qwen3": Qwen3Config,
 }
+
+
+def random_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """n prompts of 3-22 token ids below `vocab` (none of the first three: pad, bos, eos), each with some of its start
+    repeated, so that prompt lookups can hit."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        base = [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 12))]
+        out.append(base + base[: rng.randrange(0, len(base))])
+    return out
 
 
 def tiny_target(family: str = "llama", vocab: int = 96, hidden: int = 64, layers: int = 6, seed: int = 0,
