@@ -77,8 +77,8 @@ static inline vf load_i8(const signed char *p) {
    16 or 64 ahead gained less, and the non-temporal hint made every product twice as slow). With several passes over a
    span, every pass prefetches a share of the next span (pass p of P, every P-th input, the next span's input
    (p SPAN + i) / P), so memory keeps fetching while the later passes compute from L1: prefetching in the first pass
-   alone left it idle through the others (the AMX Xeon, the model's linears at 24 rows 23.7 -> 20.4 ms, 32 rows 28.4
-   -> 25.4; prefetching two spans ahead, into L2 only, or spans of 32 or 128 inputs did no better). */
+   alone left it idle through the others (the AMX Xeon, the model's linears at 24 rows 24.3 -> 21.7 ms, 32 rows 29.6
+   -> 26.3; prefetching two spans ahead, into L2 only, or spans of 32 or 128 inputs did no better). */
 #define PREFETCH 32
 
 /* y[n..] = v (times the outputs' scales s where the weights are int8) (+ b). Scale and bias in one fmaf: left to the
