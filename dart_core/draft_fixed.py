@@ -20,34 +20,10 @@ import torch.nn.functional as F
 
 from . import fixed_step
 from .draft_head import DraftHead, rope
-from .lean_forward import CUDA, EAGER
+from .fixed_step import block_or_causal, fill_mask
+from .lean_forward import CUDA, EAGER, StaticKV
 
 BUCKETS = (1, 2, 4, 8, 16)   # new positions a step is padded to; more (the prompt's) run eagerly at their own shape
-
-
-class StaticDraftCache:
-    """The head's keys and values, [kv_heads, capacity, head_dim] each, `length` entries kept; grown (by doubling,
-    copying once) only where a run outlives it."""
-
-    def __init__(self, head: DraftHead, capacity: int, device, dtype):
-        c = head.config
-        self.keys = torch.zeros(c.num_kv_heads, capacity, c.head_dim, device=device, dtype=dtype)
-        self.values = torch.zeros_like(self.keys)
-        self.length = 0
-
-    @property
-    def capacity(self) -> int:
-        return self.keys.shape[1]
-
-    def reserve(self, entries: int) -> bool:
-        """Room for `entries`; True when the tensors were replaced (graphs that read the old ones are stale)."""
-        if entries <= self.capacity:
-            return False
-        grown = max(entries, 2 * self.capacity)
-        keys, values = (t.new_zeros(t.shape[0], grown, t.shape[2]) for t in (self.keys, self.values))
-        keys[:, : self.length], values[:, : self.length] = self.keys[:, : self.length], self.values[:, : self.length]
-        self.keys, self.values = keys, values
-        return True
 
 
 @dataclass
@@ -64,34 +40,37 @@ class _Bucket:
 
 
 class FixedDraft:
-    """The head's drafting steps at fixed shapes, a bucket each, over one StaticDraftCache at a time (its graphs read
-    that cache's tensors: a new or grown cache captures them again)."""
+    """The head's drafting steps at fixed shapes, a bucket each, over one cache: the target's kind of static cache
+    (dart_core.lean_forward.StaticKV) with one layer. Its graphs read the cache's tensor: a grown one captures them
+    again."""
 
     def __init__(self, head: DraftHead, out_weight: torch.Tensor | None, output=None, graphs: str = EAGER,
                  capacity: int = 256):
         self.head, self.out_weight, self.output, self.graphs = head, out_weight, output, graphs
         self.capacity = capacity
-        self.cache: StaticDraftCache | None = None
+        self.cache: StaticKV | None = None
         self.buckets: dict[int, _Bucket] = {}
 
-    def new_cache(self) -> StaticDraftCache:
+    def new_cache(self) -> StaticKV:
         """The cache for a new decode: the last one emptied (its buckets' graphs read it: captured once, replayed by
         every decode), or a first one."""
         if self.cache is None:
-            head = self.head
-            self.cache = StaticDraftCache(head, self.capacity, head.mask_embed.device, head.mask_embed.dtype)
+            c, embed = self.head.config, self.head.mask_embed
+            self.cache = StaticKV(1, c.num_kv_heads, c.head_dim, self.capacity, embed.dtype, embed.device)
         self.cache.length = 0
         return self.cache
 
     @torch.inference_mode()
-    def step(self, features: torch.Tensor, embeds: torch.Tensor, cache: StaticDraftCache) -> torch.Tensor:
+    def step(self, features: torch.Tensor, embeds: torch.Tensor, cache: StaticKV) -> torch.Tensor:
         """As DraftHead.forward: the S new positions' features [S, 3H] and embeddings [S, H] appended to `cache`;
         returns logits [K + 1, Vd]."""
         if cache is not self.cache:
             raise ValueError("a FixedDraft steps over the cache it made last (new_cache)")
         S, K, P = features.shape[0], self.head.config.n_mask, cache.length
         size = next((b for b in BUCKETS if b >= S), S)
-        if cache.reserve(P + size + K):
+        kv = cache.kv
+        cache.reserve(P + size + K)
+        if cache.kv is not kv:   # grown: the graphs read the old tensor
             self.buckets = {}
         bucket = self.buckets.get(size) or self._bucket(size, P)
         self._fill(bucket, features, embeds, P, S)
@@ -103,7 +82,7 @@ class FixedDraft:
         return bucket.logits.clone()
 
     def _bucket(self, size: int, past: int) -> _Bucket:
-        c, device = self.head.config, self.cache.keys.device
+        c, device = self.head.config, self.cache.kv.device
         K, dtype = c.n_mask, self.head.mask_embed.dtype
         write = torch.arange(past, past + size + K, device=device)   # past the kept entries: warm-ups may write
         bucket = _Bucket(torch.zeros(size, 3 * c.hidden_size, device=device, dtype=dtype),
@@ -129,20 +108,18 @@ class FixedDraft:
         bucket.positions[:S] = P + real
         bucket.positions[size:] = P + S + slots
         bucket.write.copy_(torch.arange(P, P + size + K, device=device))
-        bucket.mask.zero_()
-        bucket.mask[:S, :P] = True
-        bucket.mask[:S, P: P + S] = torch.ones(S, S, dtype=torch.bool, device=device).tril()
-        pad = torch.arange(S, size, device=device)
-        bucket.mask[pad, P + pad] = True
+        fill_mask(bucket.mask[:size], P, S, None)   # the real rows causal over the cache, the padded ones alone
+        bucket.mask[size:] = False
         bucket.mask[size:, : P + S] = True
-        bucket.mask[size:, P + size: P + size + K] = torch.ones(K, K, dtype=torch.bool, device=device).tril()
+        bucket.mask[size:, P + size: P + size + K] = block_or_causal(None, K, device)   # the slots, causal
         bucket.rows[0] = S - 1
         bucket.rows[1:] = size + slots
 
     def _compute(self, bucket: _Bucket) -> torch.Tensor:
         """The step's arithmetic from the bucket's inputs (what a graph captures): DraftHead.forward's, the keys and
         values written at `write`, the attention over the whole cache under `mask`."""
-        head, c, cache = self.head, self.head.config, self.cache
+        head, c = self.head, self.head.config
+        keys, values = self.cache.kv[0]
         K, H, T = c.n_mask, c.hidden_size, bucket.positions.shape[0]
         x, g = head._input(bucket.features, bucket.embeds)
         x = torch.cat([x, head.mask_embed.to(x.dtype).expand(K, -1)], dim=0)
@@ -151,11 +128,10 @@ class FixedDraft:
         k = head.k_proj(x).view(T, c.num_kv_heads, c.head_dim).transpose(0, 1)
         v = head.v_proj(x).view(T, c.num_kv_heads, c.head_dim).transpose(0, 1)
         q, k = rope(q, bucket.positions, c.rope_theta), rope(k, bucket.positions, c.rope_theta)
-        cache.keys.index_copy_(1, bucket.write, k.to(cache.keys.dtype))
-        cache.values.index_copy_(1, bucket.write, v.to(cache.values.dtype))
+        keys.index_copy_(1, bucket.write, k.to(keys.dtype))
+        values.index_copy_(1, bucket.write, v.to(values.dtype))
         rep = c.num_heads // c.num_kv_heads
-        attn = F.scaled_dot_product_attention(q, cache.keys.repeat_interleave(rep, 0).to(q.dtype),
-                                              cache.values.repeat_interleave(rep, 0).to(q.dtype),
-                                              attn_mask=bucket.mask)
+        attn = F.scaled_dot_product_attention(q, keys.repeat_interleave(rep, 0).to(q.dtype),
+                                              values.repeat_interleave(rep, 0).to(q.dtype), attn_mask=bucket.mask)
         h = residual + head.o_proj(attn.transpose(0, 1).reshape(T, -1))
         return head._mlp_and_logits(h.index_select(0, bucket.rows), self.out_weight, self.output)

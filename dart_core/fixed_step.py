@@ -53,7 +53,7 @@ class FixedStep:
         step.positions.fill_(past)
         step.positions[:n] = positions
         step.write.copy_(torch.arange(past, past + bucket, device=ids.device))
-        _fill_mask(step.mask, past, n, block_mask)
+        fill_mask(step.mask, past, n, block_mask)
         if step.graph is not None:
             step.graph.replay()
         else:
@@ -94,7 +94,7 @@ def capture_graph(fn):
     return graph, outputs
 
 
-def _fill_mask(mask: torch.Tensor, past: int, n: int, block_mask: torch.Tensor | None) -> None:
+def fill_mask(mask: torch.Tensor, past: int, n: int, block_mask: torch.Tensor | None) -> None:
     """Rows see the cache's `past` entries and, inside the block, the tree's mask (None: causal); padded rows see
     only their own entry."""
     bucket = mask.shape[0]
