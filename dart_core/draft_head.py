@@ -284,6 +284,13 @@ class DraftHead(nn.Module):
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else self.d2t[draft_ids]
 
+    def tied_output(self, target_weight: torch.Tensor) -> torch.Tensor | None:
+        """The weight a tied head's logits come from (`out_weight` of forward): the target's output rows of its draft
+        vocabulary, all of them without one; None for a head with its own output layer."""
+        if self.lm_head is not None:
+            return None
+        return target_weight if self.d2t is None else target_weight[self.d2t.to(target_weight.device)]
+
     # ------------------------------------------------------------------ compatibility and persistence
     def check_target(self, target) -> None:
         """Raise DraftHeadError unless this head fits `target` (a TargetModel)."""

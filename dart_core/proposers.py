@@ -129,9 +129,7 @@ class HeadDrafter(Drafter):
         self.head = head.to(device=target.device)
         self.target = target
         self.n_rows = head.config.n_rows
-        weight = target.lm_head.weight
-        self.out_weight = None if head.lm_head is not None else (
-            weight if head.d2t is None else weight[head.d2t.to(weight.device)])
+        self.out_weight = head.tied_output(target.lm_head.weight)
         self.output, self.native, self.kernels = None, None, kernels
         if kernels in draft_native.WEIGHTS:
             if (why := draft_native.unsupported(head, target.hardware)) is not None:

@@ -14,8 +14,9 @@ from dart_core.draft_head import DraftCache
 from dart_core.lean_forward import EAGER, OFF
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup.tiny_models import plain_greedy_reference, random_head, tiny_target
-from dart_core.tree_search import SearchConfig
 from dart_core.setup.tiny_models import random_prompts as prompts
+from dart_core.tree_search import SearchConfig
+from tests.test_draft_native import HEAD_KINDS, head_of_kind
 
 
 @pytest.fixture(scope="module")
@@ -26,18 +27,10 @@ def target():
     return t
 
 
-@pytest.mark.parametrize("overrides", [dict(tie_output=False), dict(tie_output=True),
-                                       dict(tie_output=False, standardize_features=True, double_norm=True,
-                                            draft_vocab_size=50)])
+@pytest.mark.parametrize("overrides", HEAD_KINDS)
 def test_its_steps_compute_what_the_head_computes(target, overrides):
-    head = random_head(target, n_mask=3, seed=5, **overrides)
-    if head.config.standardize_features:
-        with torch.no_grad():
-            head.feature_mean.normal_(0, 0.5)
-            head.feature_std.uniform_(0.5, 2.0)
-    out_weight = None if head.lm_head is not None else target.lm_head.weight
-    if out_weight is not None and head.d2t is not None:
-        out_weight = out_weight[head.d2t]
+    head = head_of_kind(target, overrides)
+    out_weight = head.tied_output(target.lm_head.weight)
     fixed = FixedDraft(head, out_weight, graphs=EAGER, capacity=24)
     gen = torch.Generator().manual_seed(1)
     H = target.hidden_size

@@ -44,21 +44,29 @@ def rounded(head):
     return out
 
 
-@pytest.mark.parametrize("overrides", [dict(tie_output=False), dict(tie_output=True),
-                                       dict(tie_output=False, standardize_features=True, double_norm=True,
-                                            draft_vocab_size=50)])
-def test_its_steps_compute_what_the_head_computes(target, overrides):
+# every kind of head a drafting step must serve: its own output layer, tied to the target's, and one with standardized
+# features, a double norm and a draft vocabulary
+HEAD_KINDS = [dict(tie_output=False), dict(tie_output=True),
+              dict(tie_output=False, standardize_features=True, double_norm=True, draft_vocab_size=50)]
+
+
+def head_of_kind(target, overrides: dict):
+    """A random head of that kind, its feature statistics (where it standardizes) away from the identity."""
     head = random_head(target, n_mask=3, seed=5, **overrides)
-    if not runs_here(target, head):
-        return
     if head.config.standardize_features:
         with torch.no_grad():
             head.feature_mean.normal_(0, 0.5)
             head.feature_std.uniform_(0.5, 2.0)
+    return head
+
+
+@pytest.mark.parametrize("overrides", HEAD_KINDS)
+def test_its_steps_compute_what_the_head_computes(target, overrides):
+    head = head_of_kind(target, overrides)
+    if not runs_here(target, head):
+        return
     reference = rounded(head)
-    out_weight = None if head.lm_head is not None else target.lm_head.weight
-    if out_weight is not None and head.d2t is not None:
-        out_weight = out_weight[head.d2t]
+    out_weight = head.tied_output(target.lm_head.weight)
     native = draft_native.packed(head, target.hardware, out_weight)
     gen = torch.Generator().manual_seed(1)
     H = target.hidden_size
