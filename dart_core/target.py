@@ -83,21 +83,26 @@ class TargetModel:
         from the full layer; None: every step the C layer serves. Where the copy has AMX tiles, steps of at least
         `tile_rows` rows compute its product on them (None: none). Both as measured: setup.calibration."""
         self.greedy_copy_rows, self._copy_tile_rows = rows, tile_rows
-        native = self.lean.native if self.lean is not None else None
+        native = self._native
         if native is not None and native.greedy is not None:
             native.greedy_rows = native.max_rows if rows is None else min(rows, native.max_rows)
             native.greedy.tile_rows = tile_rows
 
     @property
+    def _native(self):
+        """The C layer our lean forward steps through (dart_core.lean_native.NativeLayers), or None."""
+        return self.lean.native if self.lean is not None else None
+
+    @property
     def huge_pages(self) -> bool | None:
         """Whether the C layer's weights are on huge pages (dart_core.machine.huge_pages); None: no C layer."""
-        native = self.lean.native if self.lean is not None else None
+        native = self._native
         return native.huge_pages if native is not None else None
 
     @property
     def greedy_copy_tile_rows(self) -> int | None:
         """The rows from which the output layer's copy computes its product on AMX tiles (None: it does not)."""
-        native = self.lean.native if self.lean is not None else None
+        native = self._native
         copy = native.greedy if native is not None else None
         return copy.tile_rows if copy is not None and copy.tiles_mode == "amx" else None
 
