@@ -127,9 +127,12 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[t
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (Llama's rotate-half form). x: [heads, T, head_dim], positions: [T]."""
+    """Rotary embedding (Llama's rotate-half form). x: [..., heads, T, head_dim], positions: [T] (shared by every
+    leading index), or [B, T] for x [B, heads, T, head_dim] (each sequence its own)."""
     hd = x.shape[-1]
-    cos, sin = (t.to(x.dtype) for t in rope_tables(positions, hd, theta))
+    cos, sin = (t.to(x.dtype) for t in rope_tables(positions.reshape(-1), hd, theta))
+    if positions.dim() == 2:
+        cos, sin = (t.view(positions.shape[0], 1, positions.shape[1], hd) for t in (cos, sin))
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 

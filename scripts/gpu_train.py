@@ -108,7 +108,8 @@ def run(args, started: float) -> dict:
     command = ["train", "--model", model, "--device", args.device, *responses, "--sharegpt", "0",
                "--heldout-file", str(data / HELDOUT), "--schedule", "time", "--minutes", f"{minutes:.2f}",
                "--steps", str(args.steps), "--lr", str(args.lr), "--eval-every", str(args.eval_every),
-               "--vocab-ngram", "none", "--feature-batch", args.feature_batch, "--out", str(run_dir), *start,
+               "--vocab-ngram", "none", "--feature-batch", args.feature_batch, "--accumulate", str(args.accumulate),
+               "--sequence-batch", str(args.sequence_batch), "--out", str(run_dir), *start,
                *args.train_args]
     summary["train_command"] = "python -m dart_core " + " ".join(command)
     code = dart(command)
@@ -151,6 +152,9 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--feature-batch", default="auto",
                    help="sequences per target forward for the features and labels (auto: measured on the device)")
+    p.add_argument("--accumulate", type=int, default=8, help="sequences per optimizer step")
+    p.add_argument("--sequence-batch", type=int, default=8,
+                   help="of those, sequences per forward of the head (one sequence's forward leaves a GPU idle)")
     p.add_argument("--part-mib", type=float, default=15.9, help="under the 16 MiB a file that comes back may have")
     p.add_argument("--work", default="/tmp/gpu-train")
     p.add_argument("--out", required=True)

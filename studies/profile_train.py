@@ -1,7 +1,7 @@
 """Where one training step of the draft head spends its time, on the real training loop (`Trainer.fit`).
 
     python studies/profile_train.py --steps 10 --skip 2 [--no-bf16] [--target-dtype fp32] [--anchors 512]
-        [--feature-cache runs/fcache] [--json runs/prof.json]
+        [--accumulate 4 --sequence-batch 4] [--feature-cache runs/fcache] [--json runs/prof.json]
 
 The phases are cut by wall-clock marks (every op here is synchronous on the CPU): hooks on the head's output layer
 (forward and the gradients of its input and output) and on the optimizer, and timed wrappers around the trainer's
@@ -99,6 +99,7 @@ def parse_args():
     p.add_argument("--draft-vocab", type=int, default=12288)
     p.add_argument("--anchors", type=int, default=256)
     p.add_argument("--accumulate", type=int, default=2)
+    p.add_argument("--sequence-batch", type=int, default=1, help="of those, sequences per head forward")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--out", default="runs/profile-train")
     p.add_argument("--json", default=None, help="write the per-phase table here")
@@ -123,7 +124,8 @@ def main() -> int:
 
     stats = [sequence_example(target, r["prompt_ids"], r["response_ids"]) for r in records[:8]]
     cfg = TrainConfig(n_mask=args.n_mask, draft_vocab=args.draft_vocab, anchors=args.anchors,
-                      accumulate=args.accumulate, max_steps=args.steps, eval_every=10**9, warmup=1,
+                      accumulate=args.accumulate, sequence_batch=args.sequence_batch, max_steps=args.steps,
+                      eval_every=10**9, warmup=1,
                       bf16=not args.no_bf16)
     trainer = Trainer(target, stats, stats[:1], cfg, args.out, stop_ids=stop_ids(target),
                       corpus_counts=unigram_counts("default", target.vocab_size))
@@ -173,7 +175,8 @@ def report(steps: list[dict], anchors: list[int], args, ran: dict) -> None:
               "anchor_tokens_per_s": round(sum(anchors) / seconds, 1),
               "median_step_anchor_tokens_per_s": round(rates[n // 2], 1), "threads": torch.get_num_threads(),
               **ran, "feature_cache": args.feature_cache, "n_mask": args.n_mask,
-              "anchors": args.anchors, "accumulate": args.accumulate, "phases": rows}
+              "anchors": args.anchors, "accumulate": args.accumulate,
+              "sequence_batch": args.sequence_batch, "phases": rows}
     print("| phase | ms per step | share |\n|---|---|---|")
     for r in rows:
         print(f"| {r['phase']} | {r['ms_per_step']} | {100 * r['share']:.1f}% |")

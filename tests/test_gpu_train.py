@@ -150,6 +150,7 @@ def test_the_gpu_training_run_brings_back_a_head_that_decodes_losslessly(sharegp
     assert summary["generation"]["responses"] == 6 and summary["training"]["anchor_tokens"] > 0
     assert "--schedule time" in summary["train_command"] and "--heldout-file" in summary["train_command"]
     assert "--feature-batch auto" in summary["train_command"]       # measured there: 16 per forward against 1
+    assert "--accumulate 8 --sequence-batch 8" in summary["train_command"]   # eight sequences in one head forward
     assert summary["training"]["features_and_labels"].startswith(("16 sequence(s) per forward", "1 sequence(s)"))
     assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "head", "summary.json", "train.log"]
     assert device_payload.comes_back(out) == []
@@ -160,6 +161,7 @@ def test_the_gpu_training_run_brings_back_a_head_that_decodes_losslessly(sharegp
     assert "head" not in torch.load(run_dir / "ckpt.pt", weights_only=False)   # no weights travel twice
     metrics = json.loads((run_dir / "best" / "metrics.json").read_text())
     assert metrics["data"]["heldout_set"].startswith("file:") and metrics["data"]["heldout_sequences"] == 8
+    assert (metrics["train_config"]["accumulate"], metrics["train_config"]["sequence_batch"]) == (8, 8)
     points, _ = learning_curve.run_points(run_dir)
     assert points[-1]["endpoint"]                    # annealed at its time limit: a point the fit reads
 

@@ -79,6 +79,68 @@ def test_the_training_forward_gives_forward_trains_logits_and_gradients(data, n_
             assert a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-4), name
 
 
+def test_sequences_of_different_lengths_in_one_forward_get_each_their_own_logits_and_gradients(data):
+    target, _ = data
+    from dart_core.draft_head import DraftConfig
+
+    cfg = DraftConfig.for_target(target.config, n_mask=3, tie_output=False, draft_vocab_size=40,
+                                 standardize_features=True)
+    head = DraftHead.random(cfg, seed=5).train()
+    gen = torch.Generator().manual_seed(1)
+    H, lengths = target.hidden_size, (30, 12, 21)
+    feats = [torch.randn(T, 3 * H, generator=gen) for T in lengths]
+    embeds = [torch.randn(T, H, generator=gen) for T in lengths]
+    anchors = [torch.tensor([2, 3, 9, 17, 28]), torch.tensor([0, 10]), torch.tensor([4, 5, 6, 19])]
+    # padded as the trainer pads them: features and embeddings with zeros, anchors with position 0
+    T, A = max(lengths), max(len(a) for a in anchors)
+    batch_feats, batch_embeds = torch.zeros(3, T, 3 * H), torch.zeros(3, T, H)
+    batch_anchors = torch.zeros(3, A, dtype=torch.long)
+    for b, (f, e, a) in enumerate(zip(feats, embeds, anchors)):
+        batch_feats[b, : len(f)], batch_embeds[b, : len(e)], batch_anchors[b, : len(a)] = f, e, a
+    together = train_logits(head, batch_feats, batch_embeds, batch_anchors)
+    assert together.shape == (3, A, 4, 40)
+    weights = [torch.randn(len(a), 4, 40, generator=gen) for a in anchors]
+    alone_loss = together_loss = 0
+    for b, (f, e, a) in enumerate(zip(feats, embeds, anchors)):
+        alone = train_logits(head, f, e, a)
+        assert torch.allclose(together[b, : len(a)], alone, atol=1e-5)
+        alone_loss = alone_loss + (alone * weights[b]).sum()
+        together_loss = together_loss + (together[b, : len(a)] * weights[b]).sum()   # the padding scored nowhere
+    params = list(head.parameters())
+    for a, b in zip(torch.autograd.grad(alone_loss, params, allow_unused=True),
+                    torch.autograd.grad(together_loss, params, allow_unused=True)):
+        assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-5))
+
+
+@pytest.mark.parametrize("sequence_batch", [3, 4])
+def test_a_step_trains_the_same_weights_whatever_the_sequences_per_forward(data, tmp_path, sequence_batch):
+    target, seqs = data
+    cfg = TrainConfig(n_mask=2, draft_vocab=48, anchors=8, accumulate=4, max_steps=2, eval_every=2, warmup=1,
+                      lr=3e-3, bf16=False)
+    heads, stats = [], []
+    for size in (1, sequence_batch):   # 3: a forward of three, then one of one
+        trainer = Trainer(target, seqs[:6], seqs[:3], replace(cfg, sequence_batch=size), tmp_path / str(size),
+                          stop_ids={2})
+        stats.append([trainer._train_step(lambda i: seqs[3 + i % 11]) for _ in range(2)])
+        heads.append(trainer.head)
+        assert trainer.sequences_seen == 8
+    for (name, a), b in zip(heads[0].named_parameters(), heads[1].parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
+    for one, many in zip(*stats):
+        assert one["tokens"] == many["tokens"] > 0 and one["row0"] == many["row0"]
+        assert one["loss"] == pytest.approx(many["loss"], rel=1e-5)
+
+
+def test_held_out_metrics_do_not_depend_on_the_sequences_per_forward(data, tmp_path):
+    target, seqs = data
+    cfg = TrainConfig(n_mask=2, draft_vocab=48, anchors=8, bf16=False)
+    evaluations = [Trainer(target, seqs[:6], seqs[:5], replace(cfg, sequence_batch=size), tmp_path / str(size),
+                           stop_ids={2}).evaluate() for size in (1, 2)]
+    one, two = (e.to_dict() for e in evaluations)
+    assert one.pop("heldout_loss") == pytest.approx(two.pop("heldout_loss"), rel=1e-5)
+    assert one == two and one["anchors"] > 0
+
+
 def reference_soft_ce(logits, ids, probs):
     return -(probs * torch.log_softmax(logits.float(), dim=-1).gather(-1, ids)).sum(-1)
 
@@ -207,7 +269,7 @@ def test_the_head_trains_in_bf16_only_where_bf16_is_native(data, tmp_path, monke
                                  (True, False, torch.float32)):
         monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
         trainer = Trainer(target, seqs[:6], seqs[:3], replace(cfg, bf16=asked), tmp_path, stop_ids={2})
-        _, logits = trainer._forward(seqs[0], random.Random(0))
+        _, logits, _ = trainer._forward([seqs[0]], [random.Random(0)])
         assert trainer.bf16 == (dtype == torch.bfloat16) and logits.dtype == dtype
 
 

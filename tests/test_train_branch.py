@@ -78,7 +78,9 @@ def test_bad_schedules_and_branches_are_told_in_one_line(setup, capsys):
     for extra, message in [(["--steps", "10", "--decay-steps", "11"], "--decay-steps 11: it takes 0 to --steps"),
                            (["--decay-steps", "5", "--schedule", "time", "--minutes", "1"], "choose one"),
                            (["--branch-from", str(root / "nowhere")], "no ckpt.pt there"),
-                           (["--checkpoint-minutes", "0"], "--checkpoint-minutes 0.0: it takes a time above 0")]:
+                           (["--checkpoint-minutes", "0"], "--checkpoint-minutes 0.0: it takes a time above 0"),
+                           (["--sequence-batch", "0"], "--accumulate and --sequence-batch count sequences: 1 or more"),
+                           (["--accumulate", "-1"], "--accumulate and --sequence-batch count sequences")]:
         assert train(root, "bad", *extra) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err and "Traceback" not in err

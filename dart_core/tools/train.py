@@ -110,6 +110,9 @@ def register(sub) -> None:
     t.add_argument("--anchors", type=int, default=256, help="anchor positions per sequence (up to)")
     t.add_argument("--accumulate", type=int, default=2,
                    help="sequences per optimizer step in each process (under torchrun: times the processes)")
+    t.add_argument("--sequence-batch", type=int, default=1, metavar="N",
+                   help="of those, sequences per forward of the head (padded to the longest): on a GPU one "
+                        "sequence's forward leaves it idle on Python; the gradients are the same whatever N")
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--row-decay", type=float, default=0.8)
     t.add_argument("--eval-every", type=int, default=100)
@@ -282,6 +285,9 @@ def cmd_train(args) -> int:
         raise CliError("--schedule time needs --minutes: the schedule runs out with it")
     if not 0 <= args.decay_steps <= args.steps:
         raise CliError(f"--decay-steps {args.decay_steps}: it takes 0 to --steps ({args.steps})")
+    if args.accumulate < 1 or args.sequence_batch < 1:
+        raise CliError(f"--accumulate and --sequence-batch count sequences: 1 or more (got {args.accumulate}, "
+                       f"{args.sequence_batch})")
     if not args.checkpoint_minutes > 0:
         raise CliError(f"--checkpoint-minutes {args.checkpoint_minutes}: it takes a time above 0")
     if args.decay_steps and args.schedule == "time":
@@ -308,7 +314,8 @@ def cmd_train(args) -> int:
 def _train(args, out: Path, device: str, target_config: dict) -> int:
     say = print if distributed.is_main() else (lambda *a, **k: None)
     cfg = TrainConfig(n_mask=args.n_mask, draft_vocab=args.draft_vocab, anchors=args.anchors,
-                      accumulate=args.accumulate, lr=args.lr, row_decay=args.row_decay, max_steps=args.steps,
+                      accumulate=args.accumulate, sequence_batch=args.sequence_batch, lr=args.lr,
+                      row_decay=args.row_decay, max_steps=args.steps,
                       minutes=args.minutes, eval_every=args.eval_every,
                       checkpoint_minutes=args.checkpoint_minutes, seed=args.seed, bf16=not args.head_fp32,
                       warmup=min(100, max(1, args.steps // 20)), head_format=args.format, schedule=args.schedule,

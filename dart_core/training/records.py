@@ -39,7 +39,8 @@ class SequenceExample:
 @dataclass
 class AnchorBatch:
     """One sequence's anchors and what each of their rows is scored against (trainer.sequence_batch): row r of
-    anchor p predicts the token at p+2+r, whose target distribution is the target's output at position p+1+r."""
+    anchor p predicts the token at p+2+r, whose target distribution is the target's output at position p+1+r.
+    Several sequences' batches `stack` into one, every field with a leading axis B, padded to the most anchors."""
     anchors: torch.Tensor         # [A] positions, sorted
     label_ids: torch.Tensor       # [A, R, k] draft-vocabulary ids of the target's top k
     label_probs: torch.Tensor     # [A, R, k] their probabilities, renormalised over the draft vocabulary
@@ -47,11 +48,19 @@ class AnchorBatch:
     argmax: torch.Tensor          # [A, R] the target's top token (draft id)
     argmax_ok: torch.Tensor       # [A, R] inside the text, and the top token in the draft vocabulary
     row_ok: torch.Tensor          # [A, R] inside the text
-    length: int                   # the sequence's tokens, T
+    real: torch.Tensor            # [A] an anchor of the text (False: padding of a stack, every mask False)
 
     def to(self, device: torch.device) -> "AnchorBatch":
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
-                                if isinstance(getattr(self, f.name), torch.Tensor)})
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+    @classmethod
+    def stack(cls, batches: list["AnchorBatch"]) -> "AnchorBatch":
+        """The batches of B sequences as one [B, A_max, ...]; padding: anchor 0, zero labels, every mask False."""
+        most = max(b.anchors.shape[0] for b in batches)
+
+        def padded(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t, t.new_zeros((most - t.shape[0], *t.shape[1:]))]) if t.shape[0] < most else t
+        return cls(**{f.name: torch.stack([padded(getattr(b, f.name)) for b in batches]) for f in fields(cls)})
 
 
 @dataclass

@@ -55,6 +55,7 @@ class TrainConfig:
     draft_vocab: int = 8192          # 0 = the full target vocabulary
     anchors: int = 256               # anchor positions per sequence per step (up to)
     accumulate: int = 2              # sequences per optimizer step
+    sequence_batch: int = 1          # of those, sequences per head forward (several fill a GPU; the same gradients)
     lr: float = 1e-3
     weight_decay: float = 0.01
     row_decay: float = 0.8           # loss weight of row r: row_decay ** r
@@ -197,36 +198,49 @@ def sequence_batch(seq: SequenceExample, n_rows: int, n_anchors: int, rng: rando
     label_probs = label_probs / label_probs.sum(-1, keepdim=True).clamp_min(1e-8)
     mass_ok = label_probs.sum(-1) > 0
     return AnchorBatch(anchors, label_ids, label_probs, weight_mask=row_ok & mass_ok, argmax=label_ids[..., 0],
-                       argmax_ok=row_ok & argmax_in_vocab, row_ok=row_ok, length=T)
+                       argmax_ok=row_ok & argmax_in_vocab, row_ok=row_ok,
+                       real=torch.ones(anchors.shape[0], dtype=torch.bool))
 
 
-def head_logits(forward, target: TargetModel, seq: SequenceExample, anchors: torch.Tensor) -> torch.Tensor:
-    """The head's logits [A, R, Vd] for the anchors of one sequence, as `DraftHead.forward_train` gives them (a
-    trained head has its own output layer). forward: a TrainingForward of the head (or its DDP wrapper)."""
-    ids, device = seq.ids.long(), target.device
-    n = int(anchors.max()) + 1   # positions past the last anchor are never attended to; anchors <= T-2
-    feats = seq.features[:n].to(device).float()
+def head_logits(forward, target: TargetModel, seqs: list[SequenceExample], anchors: torch.Tensor) -> torch.Tensor:
+    """The head's logits [B, A, R, Vd] for the anchors [B, A] of B sequences (padded: AnchorBatch.stack), each as
+    `DraftHead.forward_train` gives them (a trained head has its own output layer). forward: a TrainingForward of the
+    head (or its DDP wrapper)."""
+    device = target.device
+    ends = (anchors.max(dim=1).values + 1).tolist()   # positions past a sequence's last anchor are never attended to
+    n = max(ends)
+    feats = torch.zeros(len(seqs), n, seqs[0].features.shape[1], device=device)
+    embeds = torch.zeros(len(seqs), n, target.hidden_size, device=device)
     with torch.no_grad():
-        embeds = target.embed_tokens(ids[1:n + 1].to(device)).float()  # position i: token i+1
+        for b, (seq, end) in enumerate(zip(seqs, ends)):
+            feats[b, :end] = seq.features[:end].to(device).float()
+            embeds[b, :end] = target.embed_tokens(seq.ids.long()[1:end + 1].to(device)).float()  # position i: token i+1
     return forward(feats, embeds, anchors.to(device))
 
 
 def row_stats(logits: torch.Tensor, batch: AnchorBatch) -> RowStats:
-    """Per-row top-1 hits, and per-anchor consecutive-correct counts for top-1 and top-3."""
-    top3 = logits.topk(3, dim=-1).indices                              # [A, R, 3]
-    ok = batch.argmax_ok
-    hit1 = (top3[..., 0] == batch.argmax) & ok
-    hit3 = (top3 == batch.argmax[..., None]).any(-1) & ok
-    full = batch.row_ok.all(-1)                                        # anchors with every row inside the text
+    """Per-row top-1 hits, and per-anchor consecutive-correct counts for top-1 and top-3 (over every sequence of a
+    stacked batch)."""
+    R, V = logits.shape[-2:]
+    top3 = logits.reshape(-1, R, V).topk(3, dim=-1).indices            # [A, R, 3]
+    ok, argmax = batch.argmax_ok.reshape(-1, R), batch.argmax.reshape(-1, R)
+    hit1 = (top3[..., 0] == argmax) & ok
+    hit3 = (top3 == argmax[..., None]).any(-1) & ok
+    full = batch.row_ok.reshape(-1, R).all(-1)                         # anchors with every row inside the text
     chain1 = hit1[full].int().cumprod(-1).sum(-1)
-    R = logits.shape[1]
     return RowStats(hit1[full].float().sum(0).cpu(), int(full.sum()), float(chain1.sum()),
                     float(hit3[full].int().cumprod(-1).sum(-1).sum()),
                     torch.bincount(chain1.cpu(), minlength=R + 1).float())
 
 
-LOSS_CHUNK_ROWS = 128  # rows of logits per pass: their float copy stays in cache (one pass over [A, R, Vd] is
-                       # memory-bound on these CPUs: 3x faster in chunks, measured in docs/training.md)
+LOSS_CHUNK_ROWS = 128  # rows of logits per pass on a CPU: their float copy stays in cache (one pass over [A, R, Vd]
+                       # is memory-bound on these CPUs: 3x faster in chunks, measured in docs/training.md)
+LOSS_CHUNK_ROWS_GPU = 16384   # on a GPU each pass costs kernel launches and memory is ample: a batch in one or two
+
+
+def loss_chunk_rows(logits: torch.Tensor) -> int:
+    """Rows of logits per pass of the loss and its gradient, where they run."""
+    return LOSS_CHUNK_ROWS if logits.device.type == "cpu" else LOSS_CHUNK_ROWS_GPU
 
 
 class SoftCrossEntropy(torch.autograd.Function):
@@ -236,9 +250,9 @@ class SoftCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, ids, probs):
-        flat = logits.reshape(-1, logits.shape[-1])
-        lse = torch.cat([torch.logsumexp(flat[i:i + LOSS_CHUNK_ROWS].float(), dim=-1)
-                         for i in range(0, flat.shape[0], LOSS_CHUNK_ROWS)]).view(logits.shape[:-1])
+        flat, chunk = logits.reshape(-1, logits.shape[-1]), loss_chunk_rows(logits)
+        lse = torch.cat([torch.logsumexp(flat[i:i + chunk].float(), dim=-1)
+                         for i in range(0, flat.shape[0], chunk)]).view(logits.shape[:-1])
         ctx.save_for_backward(logits, lse, ids, probs)
         return probs.sum(-1) * lse - (probs * logits.gather(-1, ids).float()).sum(-1)
 
@@ -250,8 +264,9 @@ class SoftCrossEntropy(torch.autograd.Function):
         scale = (probs.sum(-1) * grad).reshape(-1, 1)
         ids, minus_p = ids.reshape(-1, k), (-probs * grad[..., None]).reshape(-1, k)
         out = torch.empty_like(flat)
-        for i in range(0, flat.shape[0], LOSS_CHUNK_ROWS):
-            rows = slice(i, i + LOSS_CHUNK_ROWS)
+        chunk = loss_chunk_rows(logits)
+        for i in range(0, flat.shape[0], chunk):
+            rows = slice(i, i + chunk)
             # out of place first: for fp32 logits `.float()` is the saved tensor itself, which must stay unchanged
             g = (flat[rows].float() - shift[rows]).exp_().mul_(scale[rows])
             out[rows] = g.scatter_add_(-1, ids[rows], minus_p[rows])   # in float: rounded once, as autograd's
@@ -259,9 +274,11 @@ class SoftCrossEntropy(torch.autograd.Function):
 
 
 def soft_ce(logits: torch.Tensor, batch: AnchorBatch, row_weights: torch.Tensor) -> torch.Tensor:
-    per = SoftCrossEntropy.apply(logits, batch.label_ids, batch.label_probs)  # [A, R]
-    w = row_weights[None] * batch.weight_mask
-    return (per * w).sum() / w.sum().clamp_min(1e-8)
+    """A sequence's loss: the mean over its scored rows of each row's soft cross-entropy, row r weighted
+    row_weights[r]. A scalar, or [B] for a stacked batch (each sequence's own mean)."""
+    per = SoftCrossEntropy.apply(logits, batch.label_ids, batch.label_probs)  # [..., A, R]
+    w = row_weights * batch.weight_mask
+    return (per * w).sum((-2, -1)) / w.sum((-2, -1)).clamp_min(1e-8)
 
 
 # ---------------------------------------------------------------------------------------------- loop
@@ -381,27 +398,41 @@ class Trainer:
         on which process trains it or how many processes there are (nor on a resume)."""
         return random.Random(f"{self.cfg.seed}/{index}")
 
-    def _forward(self, seq: SequenceExample, rng: random.Random, model=None):
-        """(batch on the training device, the head's logits for its anchors), or (None, None) for a sequence with
-        no anchor. model: what computes the logits (default the head's own TrainingForward, no DDP)."""
-        batch = sequence_batch(seq, self.cfg.n_mask + 1, self.cfg.anchors, rng, self.t2d)
-        if batch is None:
-            return None, None
-        batch = batch.to(self.device)
+    def _forward(self, seqs: list[SequenceExample], rngs: list[random.Random], model=None):
+        """(the stacked batch of the sequences with anchors, on the training device; the head's logits [B, A, R, Vd]
+        for them in one forward; the places in `seqs` of those without an anchor, left out). The batch and logits
+        are None where no sequence has an anchor. model: what computes the logits (default the head's own
+        TrainingForward, no DDP)."""
+        kept, missing = [], []
+        for i, (seq, rng) in enumerate(zip(seqs, rngs)):
+            batch = sequence_batch(seq, self.cfg.n_mask + 1, self.cfg.anchors, rng, self.t2d)
+            if batch is None:
+                missing.append(i)
+            else:
+                kept.append((seq, batch))
+        if not kept:
+            return None, None, missing
+        batch = AnchorBatch.stack([b for _, b in kept]).to(self.device)
         with self._autocast():
-            return batch, head_logits(model or TrainingForward(self.head), self.target, seq, batch.anchors)
+            logits = head_logits(model or TrainingForward(self.head), self.target, [s for s, _ in kept], batch.anchors)
+        return batch, logits, missing
+
+    def _groups(self, items: list) -> list[list]:
+        """`items` in groups of sequence_batch: what goes through one head forward."""
+        size = max(1, self.cfg.sequence_batch)
+        return [items[i:i + size] for i in range(0, len(items), size)]
 
     @torch.no_grad()
     def evaluate(self) -> Evaluation:
         self.head.eval()
         tot = RowStats.zeros(self.cfg.n_mask + 1)
         losses = []
-        rng = random.Random(1234)  # the same anchors at every evaluation
-        for seq in self.heldout:
-            batch, logits = self._forward(seq, rng)
+        rng = random.Random(1234)  # the same anchors at every evaluation (drawn in the sequences' order)
+        for group in self._groups(self.heldout):
+            batch, logits, _ = self._forward(group, [rng] * len(group))
             if batch is None:
                 continue
-            losses.append(float(soft_ce(logits, batch, self.row_weights)))
+            losses.extend(soft_ce(logits, batch, self.row_weights).float().tolist())
             tot = tot + row_stats(logits, batch)
         self.head.train()
         n = max(tot.rows, 1)
@@ -528,38 +559,40 @@ class Trainer:
         return {"best_chain_tau": self.best, "last": metrics, "steps": self.step}
 
     def _train_step(self, next_sequence) -> dict:
-        """One optimizer step over `accumulate` sequences per process. Returns the step's anchor tokens and its
-        mean loss, row-0 top-1 and chain tau over every process's sequences."""
+        """One optimizer step over `accumulate` sequences per process, sequence_batch of them per forward (the
+        gradient is the mean of the sequences' own, however they are grouped). Returns the step's anchor tokens, its
+        loss (the mean over every process's sequences), and its row-0 top-1 and chain tau over their anchors."""
         c, world = self.cfg, distributed.world_size()
         lr = self.lr_at(self.step, self._time_spent())
         for group in self.opt.param_groups:
             group["lr"] = lr
         self.opt.zero_grad(set_to_none=True)
         first = self.sequences_seen + distributed.rank() * c.accumulate  # this process's share of the step
-        sums = torch.zeros(5, dtype=torch.float64)   # sequences, anchor tokens, loss, row-0 top-1, chain tau
-        for k in range(c.accumulate):
-            with distributed.no_sync(self.model, sync=k == c.accumulate - 1):
-                batch, logits = self._forward(next_sequence(first + k), self.anchor_rng(first + k), self.model)
+        groups = self._groups(list(range(first, first + c.accumulate)))
+        sums = torch.zeros(6, dtype=torch.float64)   # sequences, anchor tokens, loss, anchors counted, row-0 hits, chain
+        for k, group in enumerate(groups):
+            with distributed.no_sync(self.model, sync=k == len(groups) - 1):
+                batch, logits, missing = self._forward([next_sequence(i) for i in group],
+                                                       [self.anchor_rng(i) for i in group], self.model)
+                if missing and world > 1:  # the other processes would wait for this one's gradients forever
+                    raise TrainingError(f"training sequence {group[missing[0]]} has no anchor (a reply of under 2 "
+                                        "tokens); such sequences must be left out before training")
                 if batch is None:
-                    if world > 1:  # the other processes would wait for this one's gradients forever
-                        raise TrainingError(f"training sequence {first + k} has no anchor (a reply of under 2 "
-                                            "tokens); such sequences must be left out before training")
                     continue
-                loss = soft_ce(logits, batch, self.row_weights)
-                (loss / c.accumulate).backward()
+                losses = soft_ce(logits, batch, self.row_weights)
+                (losses.sum() / c.accumulate).backward()
             st = row_stats(logits.detach(), batch)
-            n = max(st.rows, 1)
-            sums += torch.tensor([1.0, batch.anchors.numel(), float(loss.detach()), float(st.hit1[0]) / n,
-                                  1 + st.chain1 / n], dtype=torch.float64)
+            sums += torch.tensor([losses.numel(), float(batch.real.sum()), float(losses.detach().sum()), st.rows,
+                                  float(st.hit1[0]), st.chain1], dtype=torch.float64)
         sums = distributed.summed(sums)
         self.sequences_seen += c.accumulate * world
         self.tokens_seen += int(sums[1])
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
         self.opt.step()
         self.step += 1
-        n = max(float(sums[0]), 1.0)
-        return {"tokens": int(sums[1]), "loss": float(sums[2]) / n, "row0": float(sums[3]) / n,
-                "chain_tau": float(sums[4]) / n}
+        n, anchors = max(float(sums[0]), 1.0), max(float(sums[3]), 1.0)
+        return {"tokens": int(sums[1]), "loss": float(sums[2]) / n, "row0": float(sums[4]) / anchors,
+                "chain_tau": 1 + float(sums[5]) / anchors}
 
     def _eval_and_keep(self, command: str) -> dict:
         """Rank 0 evaluates, keeps the best head and checkpoints; the other processes wait for it."""
