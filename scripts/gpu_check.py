@@ -108,7 +108,8 @@ def training_processes(device: str, quick: bool) -> int:
 
 
 def tiny_training(report: Report, device: str, quick: bool, folder: Path) -> None:
-    """A few steps of `train --format authors` on a tiny Qwen3, over every GPU here; the head must decode."""
+    """A few steps of `train --format authors` on a tiny Qwen3, over every GPU here, several sequences per forward of
+    the head; the head must decode."""
     save_tiny_qwen3(folder / "model")
     write_chats(folder / "chats.jsonl", 40)
     n = training_processes(device, quick)
@@ -117,7 +118,8 @@ def tiny_training(report: Report, device: str, quick: bool, folder: Path) -> Non
     command = [*launcher, "train", "--model", str(folder / "model"), "--chats", str(folder / "chats.jsonl"),
                "--format", "authors", "--out", str(folder / "run"), "--device", "cuda" if device.startswith("cuda")
                else "cpu", "--sharegpt", "0", "--vocab-ngram", "none", "--steps", "4", "--eval-every", "4",
-               "--heldout", "4", "--n-mask", "3", "--draft-vocab", "64", "--anchors", "32", "--dtype", "bf16"]
+               "--heldout", "4", "--n-mask", "3", "--draft-vocab", "64", "--anchors", "32", "--dtype", "bf16",
+               "--accumulate", "3", "--sequence-batch", "2"]   # a forward of two sequences, then one of one
     env = {**os.environ, "DART_CACHE_DIR": str(folder / "cache"), "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     metrics_file = folder / "run" / "best" / "metrics.json"
