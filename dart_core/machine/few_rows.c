@@ -139,7 +139,7 @@ ALL_ROWS(float, f32_rows, load_f32)
 ALL_ROWS(bf16, bf16_rows, load_bf16)
 ALL_ROWS(signed char, i8_rows, load_i8)
 
-/* Thread t of T computes blocks lo .. hi - 1 of every product (few_rows_prefetch_share reads the same share). */
+/* Thread t of T computes blocks lo .. hi - 1 of every product (few_rows_share gives its bytes). */
 #define SHARE(blocks, t, T, lo, hi) long lo = (blocks) * (t) / (T), hi = (blocks) * ((t) + 1) / (T);
 
 /* Each thread takes a share of the blocks, a block set at a time. Rows that fit one pass go over each set once; more
@@ -197,13 +197,12 @@ void few_rows_linear_i8(const float *x, const signed char *w, const float *b, fl
     LINEAR(i8_rows)
 }
 
-/* Prefetches into L2 the share of a packed weight [K -> N], `size` bytes an entry, that thread t of T reads in the
-   products above: a caller with other work to do first (lean_layer.c's attention) lets memory fetch it meanwhile. */
-void few_rows_prefetch_share(const void *w, long size, long K, long N, int t, int T) {
+/* The bytes [*start, *end) of a packed weight [K -> N], `size` bytes an entry, that thread t of T reads in the
+   products above: a caller with other work to do first (lean_layer.c's attention) prefetches them meanwhile. */
+void few_rows_share(const void *w, long size, long K, long N, int t, int T, const char **start, const char **end) {
     long blocks = (N + VW - 1) / VW;
     SHARE(blocks, t, T, lo, hi)
-    const char *p = (const char *)w + lo * K * VW * size, *end = (const char *)w + hi * K * VW * size;
-    for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
+    *start = (const char *)w + lo * K * VW * size, *end = (const char *)w + hi * K * VW * size;
 }
 
 /* The index of each of M rows' largest entry in y [M, N], as torch's max picks it: the first of equal maxima, and a
