@@ -224,17 +224,19 @@ def generate_responses(model, tokenizer, out_path, settings: ResponseSettings = 
     return written
 
 
-LABEL_CHUNK_ROWS = 32  # positions per pass: their float logits stay in cache
+LABEL_CHUNK_ROWS = 32  # positions per pass on a CPU: their float logits stay in cache
+LABEL_CHUNK_ROWS_GPU = 2048   # on a GPU each pass costs kernel launches: a batch of sequences in a few
 
 
 def top_labels(logits: torch.Tensor, k: int = LABEL_TOPK) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-k ids [T, k] of softmax(logits) and their probabilities. The top k are taken on the logits
     themselves (softmax keeps their order); the softmax's denominator, a chunk of positions at a time (a softmax
     of the whole [T, V] in float is memory-bound: about twice as slow on these CPUs)."""
+    chunk = LABEL_CHUNK_ROWS if logits.device.type == "cpu" else LABEL_CHUNK_ROWS_GPU
     top = logits.topk(k, dim=-1)
     peak = top.values[:, :1].float()
-    total = torch.cat([(logits[i:i + LABEL_CHUNK_ROWS].float() - peak[i:i + LABEL_CHUNK_ROWS]).exp_().sum(-1, True)
-                       for i in range(0, logits.shape[0], LABEL_CHUNK_ROWS)])
+    total = torch.cat([(logits[i:i + chunk].float() - peak[i:i + chunk]).exp_().sum(-1, True)
+                       for i in range(0, logits.shape[0], chunk)])
     return top.indices, (top.values.float() - peak).exp_() / total
 
 
@@ -250,14 +252,16 @@ def sequence_examples(target: TargetModel, pairs: list[tuple[list[int], list[int
     width = max(len(ids) for ids in rows)
     padded = torch.tensor([ids + [0] * (width - len(ids)) for ids in rows], device=target.device)
     logits, feats = target.forward_padded(padded, [len(ids) for ids in rows])
-    examples = []
-    for b, ((prompt, _), ids) in enumerate(zip(pairs, rows)):
-        label_ids, label_probs = top_labels(logits[b, :len(ids)])
-        examples.append(SequenceExample(ids=torch.tensor(ids, dtype=torch.int32), prompt_len=len(prompt),
-                                        features=feats[b, :len(ids)].to(torch.bfloat16).cpu().clone(),
-                                        label_ids=label_ids.to(torch.int32).cpu(),
-                                        label_probs=label_probs.to(torch.float16).cpu()))
-    return examples
+    B, T, V = logits.shape
+    # every row's labels at once (each row's alone: the padding's are computed and dropped), and one copy of each
+    # kind to the host: on a GPU, per sequence they were many small launches and three waits
+    label_ids, label_probs = top_labels(logits.reshape(B * T, V))
+    label_ids, label_probs = (t.view(B, T, -1).cpu() for t in (label_ids.to(torch.int32), label_probs.half()))
+    feats = feats.to(torch.bfloat16).cpu()
+    return [SequenceExample(ids=torch.tensor(ids, dtype=torch.int32), prompt_len=len(prompt),
+                            features=feats[b, :len(ids)].clone(), label_ids=label_ids[b, :len(ids)].clone(),
+                            label_probs=label_probs[b, :len(ids)].clone())
+            for b, ((prompt, _), ids) in enumerate(zip(pairs, rows))]
 
 
 def cache_key(target: TargetModel, ids: list[int]) -> str:
