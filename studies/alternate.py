@@ -1,8 +1,10 @@
 """Decoding under a few setups in one process, alternating per prompt (so a machine's swings hit every setup alike):
-DART at fixed node budgets beside the automatic one, or the C layer's weights on huge pages against small ones.
+DART at fixed node budgets beside the automatic one, the C layer's weights on huge pages against small ones, or the
+search's beam width and tokens a row at one fixed budget.
 
     python -m studies.alternate budgets --budgets 5,8,11,15,23     # dart: fixed budgets and auto, beside vanilla
     python -m studies.alternate pages --methods vanilla,dart       # weights on huge pages or on 4 KB pages
+    python -m studies.alternate beams --budget 8 --beams 20x25,8x25,8x12   # beam width x top-k, beside vanilla
 
 The default model in fp32, greedy, 128 new tokens, 4 MT-bench and 4 HumanEval prompts (--prompts N each). Prints each
 setup's tokens/s, τ, verified rows a step and its ratio to the first setup, and whether every output was the same.
@@ -49,12 +51,24 @@ def page_setups(loaded, methods: list[str]) -> dict:
             for m in methods for pages, native in layers.items()}
 
 
+def beam_setups(loaded, method: str, budget: int, beams: list[tuple[int, int]]) -> dict:
+    """(proposer, None) per setup: vanilla, then `method` at `budget` nodes under each (beam width, tokens a row)."""
+    base = default_search_config()
+    setups = {"vanilla": (loaded.proposer("vanilla", DraftSettings(base, True)), None)}
+    for width, topk in beams:
+        fixed = DraftSettings(dataclasses.replace(base, node_budget=budget, beam_width=width, topk=topk), False)
+        setups[f"{method}, {budget} nodes, beam {width} x {topk}"] = (loaded.proposer(method, fixed), None)
+    return setups
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("compare", choices=["budgets", "pages"])
+    ap.add_argument("compare", choices=["budgets", "pages", "beams"])
     ap.add_argument("--method", default="dart", help="budgets: the method whose budget is fixed")
     ap.add_argument("--budgets", default="5,8,11,15,23")
     ap.add_argument("--methods", default="vanilla,dart", help="pages: the methods compared")
+    ap.add_argument("--budget", type=int, default=8, help="beams: the fixed node budget")
+    ap.add_argument("--beams", default="20x25,8x25,8x12", help="beams: beam width x tokens a row, each setup")
     ap.add_argument("--prompts", type=int, default=4)
     args = ap.parse_args(argv)
     loaded = load(dtype="fp32")
@@ -63,8 +77,13 @@ def main(argv=None) -> int:
         raise SystemExit("our C layer does not decode here: nothing to compare")
     prompts = mtbench_prompts()[: args.prompts] + humaneval_prompts()[: args.prompts]
     ids = [encode_prompt(target.tokenizer, p.text) for p in prompts]
-    setups = (budget_setups(loaded, args.method, [int(b) for b in args.budgets.split(",")])
-              if args.compare == "budgets" else page_setups(loaded, args.methods.split(",")))
+    if args.compare == "budgets":
+        setups = budget_setups(loaded, args.method, [int(b) for b in args.budgets.split(",")])
+    elif args.compare == "pages":
+        setups = page_setups(loaded, args.methods.split(","))
+    else:
+        beams = [tuple(int(v) for v in spec.split("x")) for spec in args.beams.split(",")]
+        setups = beam_setups(loaded, args.method, args.budget, beams)
     config = GenerationConfig(max_new_tokens=128, stop_ids=loaded.stop_ids)
     print(target.hardware.describe())
     seconds, tokens, steps, rows = (collections.Counter() for _ in range(4))
