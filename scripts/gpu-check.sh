@@ -3,7 +3,8 @@
 # 1. lossless decoding on the device in fp32, bf16 and fp16 with tiny models (our head and one in the DART authors'
 #    format, Llama and Qwen3 targets), on transformers' forward and on the lean one with its steps as CUDA graphs;
 #    a few training steps of a head in the authors' format, data-parallel over every GPU here (torchrun), whose head
-#    must decode losslessly; DART against plain decoding on 4 prompts with the default model where it is here;
+#    must decode losslessly; DART against plain decoding on 4 prompts with the default model where it is here, and
+#    the shipped head trained on for 45 s there (its anchor tokens per second);
 # 2. the speed table (scripts/gpu_speed.py): hf_generate, vanilla, dart, dart_pld on every forward, fp32 and bf16,
 #    node budgets auto, 16 and 128, with each phase's milliseconds a step; one table, one JSON in $OUT/gpu-speed.
 #
@@ -30,7 +31,7 @@ if [ "$mode" = quick ]; then
   exec timeout 240 "$python" -m scripts.gpu_check --device "$device" --quick
 fi
 status=0
-timeout 200 "$python" -m scripts.gpu_check --device "$device" --prompts 4 || status=$?
-timeout 270 "$python" -m scripts.gpu_speed --device "$device" --seconds 200 --out "${OUT:-runs}/gpu-speed" "$@" \
+timeout 270 "$python" -m scripts.gpu_check --device "$device" --prompts 4 --train-seconds 45 || status=$?
+timeout 210 "$python" -m scripts.gpu_speed --device "$device" --seconds 140 --out "${OUT:-runs}/gpu-speed" "$@" \
   || status=$?
 exit "$status"

@@ -13,7 +13,9 @@ Then training: `train --format authors` for a few steps on a tiny Qwen3 target, 
 (torchrun, NCCL; on a CPU one process in --quick, two over gloo otherwise), bf16 autocast where the device has it;
 the head it writes must load and decode losslessly, and its anchor tokens per second are printed.
 Then, with the default model (SmolLM2-135M-Instruct) if it is on this machine: DART against plain decoding on 10
-MT-bench prompts, greedy, token-identical in fp32, with both speeds.
+MT-bench prompts, greedy, token-identical in fp32, with both speeds; and the shipped head trained on for
+--train-seconds (passages of the project's own docs as replies, the target's features and labels computed as it goes,
+8 sequences per head forward): its anchor tokens per second.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ from dart_core.errors import DartError
 from dart_core.metrics import Metrics
 from dart_core.proposers import DartProposer, HeadDrafter, VanillaProposer
 from dart_core.setup.chat import encode_prompt
-from dart_core.setup.datasets import mtbench_prompts
-from dart_core.setup.defaults import cache_root
+from dart_core.setup.datasets import DatasetError, mtbench_prompts
+from dart_core.setup.defaults import DEFAULT_HEAD, cache_root
 from dart_core.setup.loading import DraftSettings, load, load_draft
 from dart_core.setup.tiny_models import plain_greedy_reference, random_head, random_prompts, tiny_target
 from dart_core.tree_search import SearchConfig
+from scripts.gpu_speed import SPARE_PROMPTS
 from dart_core.draft_head import DraftConfig, DraftHead
 from dart_core.formats.head_formats import save_authors
 from dart_core.lean_forward import CUDA, EAGER
@@ -101,6 +104,13 @@ def tiny_lossless(report: Report, device: str, dtype: str, n_prompts: int, folde
             report.check(f"{dtype} {forward} {family} {name} timings", timed, "every phase timed, within the wall time")
 
 
+def why_failed(stderr: str) -> str:
+    """The line of a failed run's error output that says why: the last naming an error (a progress bar may follow
+    it), else the last."""
+    lines = stderr.strip().splitlines() or ["no output"]
+    return next((line for line in reversed(lines) if "error" in line.lower()), lines[-1])
+
+
 def training_processes(device: str, quick: bool) -> int:
     if device.startswith("cuda"):
         return max(torch.cuda.device_count(), 1)
@@ -124,8 +134,7 @@ def tiny_training(report: Report, device: str, quick: bool, folder: Path) -> Non
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     metrics_file = folder / "run" / "best" / "metrics.json"
     if done.returncode != 0 or not metrics_file.is_file():
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        report.check(f"training on {n} process(es)", False, f"exit {done.returncode}: {tail}")
+        report.check(f"training on {n} process(es)", False, f"exit {done.returncode}: {why_failed(done.stderr)}")
         return
     metrics = json.loads(metrics_file.read_text())
     report.check(f"training on {n} process(es)", metrics["world_size"] == n and metrics["steps"] == 4,
@@ -146,15 +155,21 @@ def tiny_training(report: Report, device: str, quick: bool, folder: Path) -> Non
                  f"{same}/{len(batch)} prompts token-identical in fp32 (trained for {seconds:.0f} s)")
 
 
-def default_model(report: Report, device: str, n_prompts: int, max_new_tokens: int) -> None:
+def default_model(report: Report, device: str, n_prompts: int, max_new_tokens: int) -> bool:
+    """DART against plain decoding with the default model, where it is on this machine (False: it is not)."""
     if not (cache_root() / "SmolLM2-135M-Instruct" / "model.safetensors").is_file():
         print(f"NOTE  default model: not on this machine ({cache_root() / 'SmolLM2-135M-Instruct'}); "
               "the default-model comparison did not run", flush=True)
-        return
+        return False
     loaded = load("default", device=device, dtype="fp32")
     target = loaded.target
     config = GenerationConfig(max_new_tokens=max_new_tokens, stop_ids=loaded.stop_ids)
-    texts = [p.text for p in mtbench_prompts()[:n_prompts]]
+    try:
+        texts = [p.text for p in mtbench_prompts()[:n_prompts]]
+    except DatasetError:
+        print(f"NOTE  MT-bench's package is not installed here: {n_prompts} prompts of this script instead",
+              flush=True)
+        texts = list(SPARE_PROMPTS[:n_prompts])
     dart, plain = loaded.proposer("dart", DraftSettings(auto_budget=True)), VanillaProposer()
     run(target, plain, encode_prompt(target.tokenizer, texts[0]), config)   # warm-up (kernels, allocator)
     same, seconds, metrics = 0, {"plain": 0.0, "dart": 0.0}, {"plain": Metrics(), "dart": Metrics()}
@@ -175,6 +190,42 @@ def default_model(report: Report, device: str, n_prompts: int, max_new_tokens: i
     print(f"INFO  default model on {device}: plain {speed['plain']:.1f} tok/s, DART {speed['dart']:.1f} tok/s "
           f"({speed['dart'] / speed['plain']:.2f}x, tau {metrics['dart'].tau:.2f}, "
           f"{max_new_tokens} new tokens, {len(texts)} prompts)", flush=True)
+    return True
+
+
+def doc_chats(path: Path, words: int = 250) -> Path:
+    """Conversations whose replies are passages of `words` words of the project's docs: real text to train on where
+    no data set is installed (a rate needs text of a reply's length, not a data set)."""
+    text = " ".join(f.read_text() for f in sorted((ROOT / "docs").glob("*.md"))).split()
+    with open(path, "w") as out:
+        for start in range(0, len(text) - words, words):
+            reply = " ".join(text[start:start + words])
+            out.write(json.dumps({"messages": [{"role": "user", "content": "Explain this part of the docs."},
+                                               {"role": "assistant", "content": reply}]}) + "\n")
+    return path
+
+
+def training_rate(report: Report, device: str, model: str, head: str, seconds: float, folder: Path) -> None:
+    """`head` trained on with `model` for `seconds`, 8 sequences per step and per forward of the head: anchor tokens
+    per second, the target's features and labels computed as it goes (no cache)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "dart_core", "train", "--model", model, "--init-from", head,
+               "--chats", str(doc_chats(folder / "chats.jsonl")), "--sharegpt", "0", "--vocab-ngram", "none",
+               "--heldout", "4", "--minutes", f"{seconds / 60:.3f}", "--steps", "1000000", "--eval-every", "1000000",
+               "--accumulate", "8", "--sequence-batch", "8", "--feature-batch", "16", "--out", str(folder / "run"),
+               "--device", "cuda" if device.startswith("cuda") else "cpu"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=seconds + 240)
+    state = folder / "run" / "ckpt.pt"
+    if done.returncode != 0 or not state.is_file():
+        report.check("training rate", False, f"exit {done.returncode}: {why_failed(done.stderr)}")
+        return
+    saved = torch.load(state, weights_only=False, map_location="cpu")
+    trained = 60 * sum(session.get("minutes", 0.0) for session in saved["sessions"])
+    ok = saved["step"] > 0 and trained > 0
+    rate = saved["tokens_seen"] / trained if ok else 0.0
+    report.check("training rate", ok, f"{saved['tokens_seen']} anchor tokens in {trained:.1f} s: {rate:.0f} anchor "
+                 f"tokens/s ({saved['step']} steps of 8 sequences, the evaluations and saving included)")
 
 
 def main(argv=None) -> int:
@@ -185,6 +236,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128, help="per default-model prompt")
     p.add_argument("--skip-tiny", action="store_true", help="only the default-model comparison")
     p.add_argument("--skip-training", action="store_true", help="no training check")
+    p.add_argument("--train-seconds", type=float, default=45.0, help="the default head's training rate: its time")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"error: --device {args.device}, but CUDA is not available here", file=sys.stderr)
@@ -204,8 +256,10 @@ def main(argv=None) -> int:
                 report.check(f"{dtype} runs", False, str(exc).splitlines()[0])
         if not (args.skip_tiny or args.skip_training):
             tiny_training(report, args.device, args.quick, Path(tmp) / "training")
-    if not args.quick:
-        default_model(report, args.device, args.prompts, args.max_new_tokens)
+    if not args.quick and default_model(report, args.device, args.prompts, args.max_new_tokens) \
+            and not args.skip_training:
+        with tempfile.TemporaryDirectory() as tmp:
+            training_rate(report, args.device, "default", str(DEFAULT_HEAD), args.train_seconds, Path(tmp))
     print(f"{'ALL CHECKS PASSED' if not report.failed else 'FAILED: ' + ', '.join(report.failed)}", flush=True)
     return 1 if report.failed else 0
 

