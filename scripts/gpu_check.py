@@ -75,6 +75,7 @@ def tiny_on(forward: str, family: str, dtype: str, device: str) -> TargetModel:
     if forward == "lean":
         target.use_lean()
         target.lean.graphs = CUDA if device.startswith("cuda") else EAGER
+        target.lean.native = None   # as on a GPU: no C layer (whose cache is fp32 whatever the weights)
     return target
 
 
