@@ -152,18 +152,26 @@ def main(argv=None) -> int:
               "script instead (--prompt-file for others)", flush=True)
     chosen = [c for c in CONFIGS if args.only is None or c.name in args.only.split(",")]
     start, rows, skipped = time.perf_counter(), [], []
-    for i, config in enumerate(chosen):
-        if time.perf_counter() - start > args.seconds:
-            skipped.append(config.name)
-            continue
-        os.environ[FORWARD_ENV] = config.forward
-        print(f"INFO  {config.name}: {config.methods} ({config.dtype}, node budget {config.node_budget})", flush=True)
-        try:
-            report = run_bench(build_parser().parse_args(bench_argv(config, args, out / f"bench-{i}.json")))
-        except (DartError, RuntimeError) as exc:   # one configuration that cannot run does not end the others
-            print(f"FAIL  {config.name}: {str(exc).splitlines()[0]}", flush=True)
-            continue
-        rows += rows_of(config, report)
+    asked = os.environ.get(FORWARD_ENV)
+    try:
+        for i, config in enumerate(chosen):
+            if time.perf_counter() - start > args.seconds:
+                skipped.append(config.name)
+                continue
+            os.environ[FORWARD_ENV] = config.forward
+            print(f"INFO  {config.name}: {config.methods} ({config.dtype}, node budget {config.node_budget})",
+                  flush=True)
+            try:
+                report = run_bench(build_parser().parse_args(bench_argv(config, args, out / f"bench-{i}.json")))
+            except (DartError, RuntimeError) as exc:   # one configuration that cannot run does not end the others
+                print(f"FAIL  {config.name}: {str(exc).splitlines()[0]}", flush=True)
+                continue
+            rows += rows_of(config, report)
+    finally:   # the caller's forward as it was (the tests call this in one process)
+        if asked is None:
+            os.environ.pop(FORWARD_ENV, None)
+        else:
+            os.environ[FORWARD_ENV] = asked
     summary = {"device": args.device, "model": args.model, "prompts_per_workload": args.prompts,
                "workloads": args.workloads, "max_new_tokens": args.max_new_tokens, "rows": rows, "skipped": skipped,
                "seconds": round(time.perf_counter() - start, 1)}

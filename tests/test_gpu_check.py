@@ -47,9 +47,11 @@ def test_the_speed_table_runs_every_configuration_on_the_cpu(tmp_path, capsys, m
     from scripts import gpu_speed
     from tests.train_fixtures import save_tiny_qwen3
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(gpu_speed.FORWARD_ENV, raising=False)
     save_tiny_qwen3(tmp_path / "model")
     assert gpu_speed.main(["--device", "cpu", "--model", str(tmp_path / "model"), "--draft", "random", "--ngram",
                            "none", "--prompts", "1", "--max-new-tokens", "6", "--out", str(tmp_path / "out")]) == 0
+    assert gpu_speed.FORWARD_ENV not in os.environ          # each configuration's forward, not left behind
     summary = gpu_speed.json.loads((tmp_path / "out" / "gpu-speed.json").read_text())
     assert [(r["config"], r["method"]) for r in summary["rows"]][:4] == \
         [("lean", m) for m in ("hf_generate", "vanilla", "dart", "dart_pld")]
