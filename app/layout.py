@@ -10,6 +10,7 @@ from pathlib import Path
 import gradio as gr
 
 from dart_core.methods import PLD
+from dart_core.setup.datasets import EXAMPLES
 from dart_core.tree_search import Knob
 from dart_core.views import figures
 from dart_core.views.animation import SPEEDS
@@ -19,7 +20,7 @@ from dart_core.views.text_render import LEGEND_HTML
 from .callbacks import CHART_OUTPUTS, LANE_OUTPUTS, Callbacks
 from .engine import Engine
 from .explain import CHARTS_TAB, GLOSSARY_TAB, PRUNING_TAB, TREE_TAB, WHATIF_TAB, glossary_html, tour_html
-from .options import EXAMPLES, SAMPLING_KNOBS, TREE_KNOBS
+from .options import SAMPLING_KNOBS, TREE_KNOBS
 from .session import Session
 
 Components = dict[str, gr.components.Component]

@@ -23,16 +23,6 @@ TREE_KNOBS = search_knobs(default_search_config("cpu"))
 TREE_KNOB_NAMES = tuple(k.name for k in TREE_KNOBS)
 KNOBS = {k.name: k for k in SAMPLING_KNOBS + TREE_KNOBS}
 
-EXAMPLES = (
-    ("chat", "Give me three tips for staying focused while working from home."),
-    ("chat", "What is the difference between weather and climate?"),
-    ("code", "Write a Python function that checks whether a string is a palindrome."),
-    ("code", "Explain what this does: `print([x * x for x in range(5)])`"),
-    ("math", "If a train travels 60 km in 45 minutes, what is its average speed in km/h?"),
-    ("math", "What is 15% of 240? Show your steps."),
-    ("extraction", "List every city named in this text: I flew from Paris to Tokyo, then took a train to Osaka."),
-    ("extraction", "Extract the date and the amount: 'Invoice paid on 12 March 2024, total 1,250.00 EUR.'"),
-)
 
 
 class OptionError(DartError):

