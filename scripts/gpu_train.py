@@ -32,6 +32,7 @@ import torch
 from dart_core.tools.cli import main as dart
 from dart_core.training.data import read_jsonl
 from dart_core.training.portable import HELDOUT, PROMPTS, TEXT
+from dart_core.training.records import minutes_trained
 from scripts.device_payload import MANIFEST, comes_back, join, split
 
 
@@ -120,7 +121,7 @@ def run(args, started: float) -> dict:
     state = {k: v for k, v in torch.load(run_dir / "ckpt.pt", weights_only=False, map_location="cpu").items()
              if k not in ("head", "opt")}
     torch.save(state, out / "ckpt.pt")
-    spent = sum(s.get("minutes", 0.0) for s in state["sessions"])
+    spent = minutes_trained(state["sessions"])
     history = state["history"]
     summary["training"] = {"anchor_tokens": state["tokens_seen"], "steps": state["step"],
                            "minutes": round(spent, 2),

@@ -26,15 +26,20 @@ from dart_core.setup.defaults import default_search_config
 from dart_core.setup.loading import DraftSettings, load
 
 
+def automatic(loaded, method: str) -> tuple:
+    """(proposer, None): `method` with the default search and the automatic node budget."""
+    return loaded.proposer(method, DraftSettings(default_search_config(), True)), None
+
+
+def fixed(loaded, method: str, **knobs) -> tuple:
+    """(proposer, None): `method` with the default search but `knobs` (SearchConfig's fields), the budget fixed."""
+    return loaded.proposer(method, DraftSettings(dataclasses.replace(default_search_config(), **knobs), False)), None
+
+
 def budget_setups(loaded, method: str, budgets: list[int]) -> dict:
     """(proposer, None) per setup: vanilla, the automatic budget, then each fixed one."""
-    base = default_search_config()
-    setups = {"vanilla": (loaded.proposer("vanilla", DraftSettings(base, True)), None),
-              f"{method}, auto": (loaded.proposer(method, DraftSettings(base, True)), None)}
-    for b in budgets:
-        fixed = DraftSettings(dataclasses.replace(base, node_budget=b), False)
-        setups[f"{method}, {b} nodes"] = (loaded.proposer(method, fixed), None)
-    return setups
+    return {"vanilla": automatic(loaded, "vanilla"), f"{method}, auto": automatic(loaded, method),
+            **{f"{method}, {b} nodes": fixed(loaded, method, node_budget=b) for b in budgets}}
 
 
 def page_setups(loaded, methods: list[str]) -> dict:
@@ -46,19 +51,14 @@ def page_setups(loaded, methods: list[str]) -> dict:
         layers[pages] = NativeLayers(target.lean, current.kernel)
         huge_pages.use(previous)
         layers[pages].greedy_rows, layers[pages].greedy.tile_rows = current.greedy_rows, current.greedy.tile_rows
-    settings = DraftSettings(default_search_config(), True)
-    return {f"{m}, {pages}": (loaded.proposer(m, settings), native)
-            for m in methods for pages, native in layers.items()}
+    return {f"{m}, {pages}": (automatic(loaded, m)[0], native) for m in methods for pages, native in layers.items()}
 
 
 def beam_setups(loaded, method: str, budget: int, beams: list[tuple[int, int]]) -> dict:
     """(proposer, None) per setup: vanilla, then `method` at `budget` nodes under each (beam width, tokens a row)."""
-    base = default_search_config()
-    setups = {"vanilla": (loaded.proposer("vanilla", DraftSettings(base, True)), None)}
-    for width, topk in beams:
-        fixed = DraftSettings(dataclasses.replace(base, node_budget=budget, beam_width=width, topk=topk), False)
-        setups[f"{method}, {budget} nodes, beam {width} x {topk}"] = (loaded.proposer(method, fixed), None)
-    return setups
+    return {"vanilla": automatic(loaded, "vanilla"),
+            **{f"{method}, {budget} nodes, beam {w} x {k}": fixed(loaded, method, node_budget=budget, beam_width=w,
+                                                                   topk=k) for w, k in beams}}
 
 
 def main(argv=None) -> int:

@@ -63,6 +63,11 @@ class AnchorBatch:
         return cls(**{f.name: torch.stack([padded(getattr(b, f.name)) for b in batches]) for f in fields(cls)})
 
 
+def minutes_trained(sessions: list[dict]) -> float:
+    """A run's training time: its sessions' own minutes (the checkpoint's and metrics.json's "sessions"), summed."""
+    return sum(session.get("minutes", 0.0) for session in sessions)
+
+
 @dataclass
 class RowStats:
     """Per-row top-1 hits and per-anchor consecutive-correct counts of a forward (trainer.row_stats), over the

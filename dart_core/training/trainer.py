@@ -40,7 +40,7 @@ from ..target import TargetModel
 from . import distributed
 from .head_forward import TrainingForward
 from .progress import Progress
-from .records import AnchorBatch, Evaluation, RowStats, SequenceExample
+from .records import AnchorBatch, Evaluation, RowStats, SequenceExample, minutes_trained
 
 FORMATS = ("dartlab", "authors")
 
@@ -444,7 +444,7 @@ class Trainer:
     def save(self, directory, metrics: dict, command: str = "") -> None:
         """The head in the run's format, and metrics.json beside it (the run's provenance and held-out metrics)."""
         head = self.head
-        minutes = sum(s.get("minutes", 0.0) for s in self.sessions)
+        minutes = minutes_trained(self.sessions)
         lineage = {}
         if self.started_from is not None:
             before = self.started_from.get("train_minutes_total", self.started_from.get("train_minutes"))
