@@ -75,20 +75,21 @@ class StaticKV:
         self.length = length
 
     @torch.inference_mode()
-    def keep(self, past: int, kept: torch.Tensor) -> None:
+    def keep(self, past: int, kept: list[int]) -> None:
         """After a verify block at `past`, keep entries past + kept[i] (in order) at past + i: an accepted path's
-        entries out of place copied down one by one, any other order by one gather."""
-        n = kept.numel()
-        if n and int(kept.max()) >= self.length - past:
+        entries out of place copied down one by one, any other order by one gather. `kept` is a host list: on a GPU
+        reading a device tensor back would wait for the device twice."""
+        n = len(kept)
+        if n and max(kept) >= self.length - past:
             raise ValueError("kept node outside the verified block")
-        moves = [(i, k) for i, k in enumerate(kept.tolist()) if k != i]
+        moves = [(i, k) for i, k in enumerate(kept) if k != i]
         if all(k > i for i, k in moves) and all(a[1] < b[1] for a, b in zip(moves, moves[1:])):
             # an accepted path (increasing nodes): its few entries out of place, each moved down by one copy; no
             # source is overwritten before it is read (a gather of the whole block cost 0.3 ms on a CPU)
             for i, k in moves:
                 self.kv[:, :, :, past + i] = self.kv[:, :, :, past + k]
         else:
-            self.kv[:, :, :, past: past + n] = self.kv[:, :, :, past + kept]
+            self.kv[:, :, :, past: past + n] = self.kv[:, :, :, past + torch.tensor(kept, device=self.kv.device)]
         self.length = past + n
 
 

@@ -267,7 +267,7 @@ class TargetModel:
             TargetModel.rollback(cache, past + len(kept_nodes))
             return
         if isinstance(cache, StaticKV):
-            cache.keep(past, torch.tensor(kept_nodes, dtype=torch.long, device=cache.kv.device))
+            cache.keep(past, list(kept_nodes))
             return
         n_total = cache.get_seq_length()
         keep = torch.tensor([past + i for i in kept_nodes], dtype=torch.long)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -93,10 +94,14 @@ class TokenTree:
 
     def ancestor_mask(self, device=None) -> torch.Tensor:
         """[n, n] bool: mask[i, j] is True iff node j is node i or one of its ancestors."""
-        n = len(self)
-        mask = torch.eye(n, dtype=torch.bool)
-        for i in range(1, n):  # a node sees what its parent sees, and itself
-            mask[i] |= mask[self.parents[i]]
+        parents = np.asarray(self.parents)
+        rows = np.arange(len(parents))
+        mask = np.eye(len(parents), dtype=bool)
+        up = parents
+        while (live := up >= 0).any():   # one ancestor generation at a time: depth passes, not a pass a node
+            mask[rows[live], up[live]] = True
+            up = np.where(live, parents[np.maximum(up, 0)], -1)
+        mask = torch.from_numpy(mask)
         return mask.to(device) if device is not None else mask
 
     def to_dict(self) -> dict:

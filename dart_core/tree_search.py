@@ -352,13 +352,12 @@ def _make_candidates(table: dict, kept: np.ndarray, budget: int) -> Candidates:
 
 
 def _tree_from_kept(root: int, token: np.ndarray, parent: np.ndarray, kept: np.ndarray) -> TokenTree:
-    node_of = {-1: 0}
-    tokens, parents = [root], [-1]
-    for cand in kept.tolist():
-        p = int(parent[cand])
-        if p not in node_of:  # cannot happen with non-positive terms and depth tie-breaks; guard the invariant
-            raise AssertionError(f"tree search kept candidate {cand} without its parent {p}")
-        node_of[cand] = len(tokens)
-        tokens.append(int(token[cand]))
-        parents.append(node_of[p])
-    return TokenTree(tokens, parents)
+    node_of = np.full(len(token) + 1, len(kept) + 1, dtype=np.int64)   # by candidate + 1 (the root's "parent" -1: 0)
+    node_of[0] = 0
+    node_of[kept + 1] = np.arange(1, len(kept) + 1)
+    parents = node_of[parent[kept].astype(np.int64) + 1]
+    late = np.flatnonzero(parents > np.arange(len(kept)))   # a parent not kept before its child
+    if late.size:  # cannot happen with non-positive terms and depth tie-breaks; guard the invariant
+        cand = int(kept[late[0]])
+        raise AssertionError(f"tree search kept candidate {cand} without its parent {int(parent[cand])}")
+    return TokenTree([root, *token[kept].tolist()], [-1, *parents.tolist()])

@@ -92,7 +92,7 @@ def test_the_static_cache_refuses_edits_outside_what_it_holds():
     with pytest.raises(ValueError, match="roll back"):
         cache.rollback(4)
     with pytest.raises(ValueError, match="outside the verified block"):
-        cache.keep(1, torch.tensor([0, 2]))
+        cache.keep(1, [0, 2])
     cache.reserve(9)
     assert cache.capacity == 9 and cache.length == 3
 

@@ -9,7 +9,7 @@ from dart_core.machine import few_rows
 from dart_core.machine.hardware import detect, kernels_here
 from dart_core.ngram import NGramModel
 from dart_core.tree_search import (BEAM_CUT, EOS_END, EXPANDED, KEPT, LOW_NGRAM, NODE_BUDGET, SearchConfig,
-                                   search, search_in_numpy)
+                                   _tree_from_kept, search, search_in_numpy)
 
 
 def random_rows(rng: np.random.Generator, n_rows: int, k: int, vocab: int):
@@ -97,6 +97,17 @@ def test_tie_keeps_parents():
         seqs = tree_sequences(result.tree)
         assert all(s[:-1] in seqs for s in seqs if len(s) > 1)
         assert tuple(chain[: min(budget, 4)]) in seqs
+
+
+def test_the_tree_is_built_from_kept_candidates_and_refuses_an_orphan():
+    # candidates: 0 and 1 on level 0 (parent -1), 2 below 1, 3 below 2
+    token, parent = np.asarray([10, 11, 12, 13]), np.asarray([-1, -1, 1, 2], dtype=np.int32)
+    tree = _tree_from_kept(9, token, parent, np.asarray([1, 0, 2, 3]))
+    assert tree.tokens == [9, 11, 10, 12, 13] and tree.parents == [-1, 0, 0, 1, 3]
+    with pytest.raises(AssertionError, match="candidate 3 without its parent 2"):
+        _tree_from_kept(9, token, parent, np.asarray([1, 3, 2]))   # 3 before its parent
+    with pytest.raises(AssertionError, match="candidate 2 without its parent 1"):
+        _tree_from_kept(9, token, parent, np.asarray([0, 2]))      # 2's parent never kept
 
 
 def test_fates_and_beam_states():

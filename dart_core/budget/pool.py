@@ -97,7 +97,8 @@ class CandidatePool:
                      min(len(branch), len(target_path)))
         # the branch's nodes the pool's top b already holds, for each prefix length of the branch
         in_pool = np.zeros((len(branch) + 1, b.shape[1]))
-        in_pool[1:] = np.cumsum(_padded(self.path_ranks(branch), len(branch))[:, None] < b, axis=0)
+        if branch:
+            in_pool[1:] = np.cumsum(_padded(self.path_ranks(branch), len(branch))[:, None] < b, axis=0)
         accepted = np.empty((len(lengths), b.shape[1]))
         nodes = np.empty((len(lengths), b.shape[1]))
         for i, n in enumerate(lengths):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
+import numpy as np
+
 from ..machine.records import CostCurve
 
 
@@ -51,9 +53,10 @@ class BudgetChoice:
 
 
 def _rounded(v):
-    """A BudgetChoice field as its file keeps it: estimates to 4 places, the per-budget lists to 3."""
-    return [round(float(x), 3) for x in v] if isinstance(v, list) else round(float(v), 4) if isinstance(v, float) \
-        else v
+    """A BudgetChoice field as its file keeps it: estimates to 4 places, the per-budget lists to 3 (by numpy: a GPU's
+    lists have 256 entries, rounded one by one 0.14 ms a choice)."""
+    return np.round(np.asarray(v, dtype=np.float64), 3).tolist() if isinstance(v, list) \
+        else round(float(v), 4) if isinstance(v, float) else v
 
 
 @dataclass
