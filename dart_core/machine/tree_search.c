@@ -77,14 +77,41 @@ typedef struct {
     const long long *const *starts;
 } table;
 
+/* One level's length-1 backoff rows, by the context's last token: count(last + t) / count(last) for the level's k
+   tokens t (0 where unseen). The beams of a level share few last tokens (the row's best few, under different
+   parents), and these lookups, in the long runs of the 2-grams that follow a common token, were most of the search. */
+typedef struct {
+    long n, k;
+    long long *last;   /* [capacity] the last tokens met so far at this level */
+    double *q;         /* [capacity * k] */
+} last_rows;
+
+static const double *last_row(const table *t, last_rows *rows, long long last, const long long *tokens) {
+    for (long r = 0; r < rows->n; r++)
+        if (rows->last[r] == last) return rows->q + r * rows->k;
+    double *q = rows->q + rows->n * rows->k;
+    rows->last[rows->n++] = last;
+    for (long j = 0; j < rows->k; j++) q[j] = 0.0;
+    const long long *in_m = t->starts[0] + last, *in_next = t->starts[1] + last;
+    double den = (double)count_of(t->keys[0], t->counts[0], in_m[0], in_m[1], (u64)last);
+    if (!(den > 0)) return q;
+    long lo, hi;
+    run_of(t->keys[1], in_next[0], in_next[1], (u64)last, t->bits, &lo, &hi);
+    for (long j = 0; lo < hi && j < rows->k; j++) {
+        double num = (double)count_of(t->keys[1], t->counts[1], lo, hi, ((u64)last << t->bits) | (u64)tokens[j]);
+        if (num > 0) q[j] = num / fmax(den, 1e-12);
+    }
+    return q;
+}
+
 /* The reference's backoff (ngram.backoff) for one context of n_ctx tokens (-1: missing) and k tokens: for the longest
    suffix first, a token seen after it gets count(suffix + token) / count(suffix); a token seen after none gets 0 with
-   match 0. */
+   match 0. The last suffix, one token, from the level's rows (the same quotients, computed once a last token). */
 static void backoff(const table *t, const long long *ctx, long n_ctx, const long long *tokens, long k, double *q,
-                    signed char *match) {
+                    signed char *match, last_rows *rows) {
     for (long j = 0; j < k; j++) q[j] = 0.0, match[j] = 0;
     long longest = t->order - 1 < n_ctx ? t->order - 1 : n_ctx;
-    for (long length = longest; length >= 1; length--) {
+    for (long length = longest; length >= 2; length--) {
         const long long *suffix = ctx + n_ctx - length;
         u64 key = 0;
         int valid = 1;
@@ -104,6 +131,10 @@ static void backoff(const table *t, const long long *ctx, long n_ctx, const long
             if (num > 0) q[j] = num / fmax(den, 1e-12), match[j] = (signed char)length;
         }
     }
+    if (longest < 1 || ctx[n_ctx - 1] < 0) return;
+    const double *row = last_row(t, rows, ctx[n_ctx - 1], tokens);
+    for (long j = 0; j < k; j++)
+        if (!match[j] && row[j] > 0) q[j] = row[j], match[j] = 1;
 }
 
 /* ------------------------------------------------------------------------------------------------ the search */
@@ -175,6 +206,7 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
     entry *order = malloc(sizeof(entry) * (width * k + 1)), *chosen = malloc(sizeof(entry) * width);
     double *lt = malloc(sizeof(double) * (k + 1));
     unsigned char *is_eos = malloc(k + 1);
+    last_rows rows = {0, k, malloc(sizeof(long long) * width), malloc(sizeof(double) * (width * k + 1))};
     long B = 1, levels = budget > 0 ? R : 0;
     beam_idx[0] = -1, beam_score[0] = 0.0;
     memcpy(ctx, tail, sizeof(long long) * n_ctx);
@@ -184,6 +216,7 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
         double wlev = level_weight[l];
         int with_ngram = ngram && ngram_weight > 0 && (l > 0 || ngram_first_level);
         long non_eos = 0;
+        rows.n = 0;   /* the level's own tokens: its rows anew */
         for (long j = 0; j < k; j++) {
             lt[j] = log_term(prob[j], logit_weight[l], eps);
             is_eos[j] = 0;
@@ -192,7 +225,7 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
         for (long b = 0; b < B; b++) {
             long at = offset + b * k;
             if (with_ngram)
-                backoff(ngram, ctx + b * n_ctx, n_ctx, tok, k, ngram_prob + at, ngram_match + at);
+                backoff(ngram, ctx + b * n_ctx, n_ctx, tok, k, ngram_prob + at, ngram_match + at, &rows);
             for (long j = 0; j < k; j++) {
                 long i = at + j;
                 if (with_ngram)
@@ -238,7 +271,7 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
     for (long i = 0; i < n; i++) kept[i] = candidate_at[ranked[i].index];
     *n_kept = n;
     free(ranked), free(candidate_at), free(beam_idx), free(next_idx), free(beam_score), free(next_score), free(ctx);
-    free(next_ctx), free(order), free(chosen), free(lt), free(is_eos);
+    free(next_ctx), free(order), free(chosen), free(lt), free(is_eos), free(rows.last), free(rows.q);
     return offset;
 }
 
