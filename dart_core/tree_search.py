@@ -342,13 +342,11 @@ def _make_candidates(table: dict, kept: np.ndarray, budget: int) -> Candidates:
         without_ngram = table["score"] - table["level_weight"] * table["ngram_term"]
         low = ((node < 0) & parent_in_tree & (table["ngram_match"] == 0) & (without_ngram >= cutoff))
         fate[low] = _FATE_CODE[LOW_NGRAM]
-    return Candidates(
-        token=table["token"].astype(np.int64), level=table["level"].astype(np.int32),
-        parent=table["parent"].astype(np.int32), draft_prob=table["draft_prob"].astype(np.float64),
-        logit_term=table["logit_term"].astype(np.float64), ngram_prob=table["ngram_prob"].astype(np.float64),
-        ngram_match=table["ngram_match"].astype(np.int8), ngram_term=table["ngram_term"].astype(np.float64),
-        level_weight=table["level_weight"].astype(np.float64), score=table["score"].astype(np.float64),
-        fate=_FATE_NAMES[fate], beam=_BEAM_NAMES[table["beam"]], node=node)
+    dtypes = {"token": np.int64, "level": np.int32, "parent": np.int32, "ngram_match": np.int8}
+    columns = {name: table[name].astype(dtypes.get(name, np.float64), copy=False) for name in (
+        "token", "level", "parent", "draft_prob", "logit_term", "ngram_prob", "ngram_match", "ngram_term",
+        "level_weight", "score")}   # the search's own arrays where their dtype is already the column's
+    return Candidates(**columns, fate=_FATE_NAMES[fate], beam=_BEAM_NAMES[table["beam"]], node=node)
 
 
 def _tree_from_kept(root: int, token: np.ndarray, parent: np.ndarray, kept: np.ndarray) -> TokenTree:
