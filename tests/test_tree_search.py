@@ -195,3 +195,30 @@ def test_the_c_search_records_what_numpys_records_to_the_last_bit(cfg):
     adaptive = ContextNGram(ngram)
     assert search(rows_tokens, rows_probs, [1, 2], cfg, adaptive).candidates.to_dict() == \
         search_in_numpy(rows_tokens, rows_probs, [1, 2], cfg, adaptive).candidates.to_dict()
+
+
+def test_the_c_search_matches_numpy_where_a_context_is_followed_by_hundreds_of_tokens():
+    """A skewed stream: after its common tokens the n-gram keys run to hundreds, where the C search's lookups walk a
+    run forward from key to key (its searches probe outwards from the last one's place)."""
+    kernel = kernels_here()
+    if kernel is None:
+        assert few_rows.why_not(detect().kind)
+        return
+    rng = np.random.default_rng(11)
+    stream = np.minimum(rng.zipf(1.3, size=40000), 800) - 1
+    ngram = NGramModel.build([stream.tolist()], vocab_size=800, order=3)
+    common = np.argsort(-np.bincount(stream, minlength=800))
+    cfg = SearchConfig(topk=25, beam_width=20, node_budget=60)
+    for trial in range(6):
+        # rows of common tokens (long runs after each other) mixed with rare ones, in no particular order
+        rows_tokens = np.stack([rng.permutation(np.concatenate([common[:15], rng.choice(common[15:], 10, replace=False)]))
+                                for _ in range(5)]).astype(np.int64)
+        rows_probs = -np.sort(-rng.dirichlet(np.full(25, 0.5), size=5), axis=1)
+        context = [int(common[trial]), int(common[trial + 1])]
+        ours = search(rows_tokens, rows_probs, context, cfg, ngram)
+        theirs = search_in_numpy(rows_tokens, rows_probs, context, cfg, ngram)
+        assert (ours.candidates.ngram_match > 0).sum() > 1000          # most lookups found their n-gram
+        for name in ("ngram_prob", "ngram_match", "score", "node"):
+            a, b = getattr(ours.candidates, name), getattr(theirs.candidates, name)
+            assert np.array_equal(a, b, equal_nan=True), (trial, name)
+        assert ours.tree == theirs.tree

@@ -35,6 +35,29 @@ static long lower_bound(const u64 *keys, long lo, long hi, u64 key) {
     return lo;
 }
 
+/* lower_bound probing outwards from lo: cheap where the answer lies near lo. */
+static long gallop(const u64 *keys, long lo, long hi, u64 key) {
+    if (lo >= hi || keys[lo] >= key) return lo;
+    long below = lo, step = 1;   /* keys[below] < key */
+    while (below + step < hi && keys[below + step] < key) below += step, step *= 2;
+    return lower_bound(keys, below + 1, below + step < hi ? below + step + 1 : hi, key);
+}
+
+/* For the k tokens in `ascending` order (their indices), count(prefix + token) into num (0 where unseen) from the run
+   [lo, hi) of keys that start with `prefix`: one forward walk, each search starting where the last one ended.
+   skip[j] set: left as it is. */
+static void counts_in_run(const u64 *keys, const long long *counts, long lo, long hi, u64 prefix, int bits,
+                          const long long *tokens, const long *ascending, long k, const signed char *skip,
+                          double *num) {
+    for (long i = 0; i < k && lo < hi; i++) {
+        long j = ascending[i];
+        if (skip && skip[j]) continue;
+        u64 key = (prefix << bits) | (u64)tokens[j];
+        lo = gallop(keys, lo, hi, key);
+        num[j] = lo < hi && keys[lo] == key ? (double)counts[lo] : 0.0;
+    }
+}
+
 static long count_of(const u64 *keys, const long long *counts, long lo, long hi, u64 key) {
     long at = lower_bound(keys, lo, hi, key);
     return at < hi && keys[at] == key ? (long)counts[at] : 0;
@@ -77,38 +100,52 @@ typedef struct {
     const long long *const *starts;
 } table;
 
-/* One level's length-1 backoff rows, by the context's last token: count(last + t) / count(last) for the level's k
-   tokens t (0 where unseen). The beams of a level share few last tokens (the row's best few, under different
-   parents), and these lookups, in the long runs of the 2-grams that follow a common token, were most of the search. */
+/* A level's k tokens as its n-gram lookups read them: in ascending order (each run of keys walked forward once), and
+   its length-1 backoff rows by the context's last token, count(last + t) / count(last) for each token t (0 where
+   unseen). The beams of a level share few last tokens (the row's best few, under different parents), and these
+   lookups, in the long runs of the 2-grams that follow a common token, were most of the search. */
 typedef struct {
-    long n, k;
-    long long *last;   /* [capacity] the last tokens met so far at this level */
-    double *q;         /* [capacity * k] */
-} last_rows;
+    long k;
+    const long long *tokens;   /* [k] */
+    long *ascending;           /* [k] the tokens' indices, by token */
+    double *num;               /* [k] scratch */
+    long n_last;
+    long long *last;           /* [capacity] the last tokens met so far at this level */
+    double *q;                 /* [capacity * k] their rows */
+} level_tokens;
 
-static const double *last_row(const table *t, last_rows *rows, long long last, const long long *tokens) {
-    for (long r = 0; r < rows->n; r++)
-        if (rows->last[r] == last) return rows->q + r * rows->k;
-    double *q = rows->q + rows->n * rows->k;
-    rows->last[rows->n++] = last;
-    for (long j = 0; j < rows->k; j++) q[j] = 0.0;
+static void start_level(level_tokens *lv, const long long *tokens) {
+    lv->tokens = tokens, lv->n_last = 0;
+    for (long i = 0; i < lv->k; i++) {   /* insertion sort: k is tens */
+        long j = i;
+        for (; j > 0 && tokens[lv->ascending[j - 1]] > tokens[i]; j--) lv->ascending[j] = lv->ascending[j - 1];
+        lv->ascending[j] = i;
+    }
+}
+
+static const double *last_row(const table *t, level_tokens *lv, long long last) {
+    for (long r = 0; r < lv->n_last; r++)
+        if (lv->last[r] == last) return lv->q + r * lv->k;
+    double *q = lv->q + lv->n_last * lv->k;
+    lv->last[lv->n_last++] = last;
+    for (long j = 0; j < lv->k; j++) q[j] = 0.0;
     const long long *in_m = t->starts[0] + last, *in_next = t->starts[1] + last;
     double den = (double)count_of(t->keys[0], t->counts[0], in_m[0], in_m[1], (u64)last);
     if (!(den > 0)) return q;
     long lo, hi;
     run_of(t->keys[1], in_next[0], in_next[1], (u64)last, t->bits, &lo, &hi);
-    for (long j = 0; lo < hi && j < rows->k; j++) {
-        double num = (double)count_of(t->keys[1], t->counts[1], lo, hi, ((u64)last << t->bits) | (u64)tokens[j]);
-        if (num > 0) q[j] = num / fmax(den, 1e-12);
-    }
+    counts_in_run(t->keys[1], t->counts[1], lo, hi, (u64)last, t->bits, lv->tokens, lv->ascending, lv->k, 0, q);
+    for (long j = 0; j < lv->k; j++)
+        if (q[j] > 0) q[j] = q[j] / fmax(den, 1e-12);
     return q;
 }
 
-/* The reference's backoff (ngram.backoff) for one context of n_ctx tokens (-1: missing) and k tokens: for the longest
-   suffix first, a token seen after it gets count(suffix + token) / count(suffix); a token seen after none gets 0 with
-   match 0. The last suffix, one token, from the level's rows (the same quotients, computed once a last token). */
-static void backoff(const table *t, const long long *ctx, long n_ctx, const long long *tokens, long k, double *q,
-                    signed char *match, last_rows *rows) {
+/* The reference's backoff (ngram.backoff) for one context of n_ctx tokens (-1: missing) and the level's k tokens: for
+   the longest suffix first, a token seen after it gets count(suffix + token) / count(suffix); a token seen after none
+   gets 0 with match 0. The last suffix, one token, from the level's rows (the same quotients, computed once a last
+   token). */
+static void backoff(const table *t, const long long *ctx, long n_ctx, level_tokens *lv, double *q, signed char *match) {
+    long k = lv->k;
     for (long j = 0; j < k; j++) q[j] = 0.0, match[j] = 0;
     long longest = t->order - 1 < n_ctx ? t->order - 1 : n_ctx;
     for (long length = longest; length >= 2; length--) {
@@ -125,14 +162,14 @@ static void backoff(const table *t, const long long *ctx, long n_ctx, const long
         if (!(den > 0)) continue;
         long lo, hi;
         run_of(t->keys[length], in_next[0], in_next[1], key, t->bits, &lo, &hi);
-        for (long j = 0; lo < hi && j < k; j++) {
-            if (match[j]) continue;
-            double num = (double)count_of(t->keys[length], t->counts[length], lo, hi, (key << t->bits) | (u64)tokens[j]);
-            if (num > 0) q[j] = num / fmax(den, 1e-12), match[j] = (signed char)length;
-        }
+        for (long j = 0; j < k; j++) lv->num[j] = 0.0;
+        counts_in_run(t->keys[length], t->counts[length], lo, hi, key, t->bits, lv->tokens, lv->ascending, k, match,
+                      lv->num);
+        for (long j = 0; j < k; j++)
+            if (!match[j] && lv->num[j] > 0) q[j] = lv->num[j] / fmax(den, 1e-12), match[j] = (signed char)length;
     }
     if (longest < 1 || ctx[n_ctx - 1] < 0) return;
-    const double *row = last_row(t, rows, ctx[n_ctx - 1], tokens);
+    const double *row = last_row(t, lv, ctx[n_ctx - 1]);
     for (long j = 0; j < k; j++)
         if (!match[j] && row[j] > 0) q[j] = row[j], match[j] = 1;
 }
@@ -206,7 +243,8 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
     entry *order = malloc(sizeof(entry) * (width * k + 1)), *chosen = malloc(sizeof(entry) * width);
     double *lt = malloc(sizeof(double) * (k + 1));
     unsigned char *is_eos = malloc(k + 1);
-    last_rows rows = {0, k, malloc(sizeof(long long) * width), malloc(sizeof(double) * (width * k + 1))};
+    level_tokens lv = {k, 0, malloc(sizeof(long) * (k + 1)), malloc(sizeof(double) * (k + 1)), 0,
+                       malloc(sizeof(long long) * width), malloc(sizeof(double) * (width * k + 1))};
     long B = 1, levels = budget > 0 ? R : 0;
     beam_idx[0] = -1, beam_score[0] = 0.0;
     memcpy(ctx, tail, sizeof(long long) * n_ctx);
@@ -216,7 +254,7 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
         double wlev = level_weight[l];
         int with_ngram = ngram && ngram_weight > 0 && (l > 0 || ngram_first_level);
         long non_eos = 0;
-        rows.n = 0;   /* the level's own tokens: its rows anew */
+        if (with_ngram) start_level(&lv, tok);
         for (long j = 0; j < k; j++) {
             lt[j] = log_term(prob[j], logit_weight[l], eps);
             is_eos[j] = 0;
@@ -225,7 +263,7 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
         for (long b = 0; b < B; b++) {
             long at = offset + b * k;
             if (with_ngram)
-                backoff(ngram, ctx + b * n_ctx, n_ctx, tok, k, ngram_prob + at, ngram_match + at, &rows);
+                backoff(ngram, ctx + b * n_ctx, n_ctx, &lv, ngram_prob + at, ngram_match + at);
             for (long j = 0; j < k; j++) {
                 long i = at + j;
                 if (with_ngram)
@@ -271,7 +309,7 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
     for (long i = 0; i < n; i++) kept[i] = candidate_at[ranked[i].index];
     *n_kept = n;
     free(ranked), free(candidate_at), free(beam_idx), free(next_idx), free(beam_score), free(next_score), free(ctx);
-    free(next_ctx), free(order), free(chosen), free(lt), free(is_eos), free(rows.last), free(rows.q);
+    free(next_ctx), free(order), free(chosen), free(lt), free(is_eos), free(lv.ascending), free(lv.num), free(lv.last), free(lv.q);
     return offset;
 }
 
