@@ -211,8 +211,8 @@ def test_the_c_search_matches_numpy_where_a_context_is_followed_by_hundreds_of_t
     cfg = SearchConfig(topk=25, beam_width=20, node_budget=60)
     for trial in range(6):
         # rows of common tokens (long runs after each other) mixed with rare ones, in no particular order
-        rows_tokens = np.stack([rng.permutation(np.concatenate([common[:15], rng.choice(common[15:], 10, replace=False)]))
-                                for _ in range(5)]).astype(np.int64)
+        rows = [np.concatenate([common[:15], rng.choice(common[15:], 10, replace=False)]) for _ in range(5)]
+        rows_tokens = np.stack([rng.permutation(row) for row in rows]).astype(np.int64)
         rows_probs = -np.sort(-rng.dirichlet(np.full(25, 0.5), size=5), axis=1)
         context = [int(common[trial]), int(common[trial + 1])]
         ours = search(rows_tokens, rows_probs, context, cfg, ngram)

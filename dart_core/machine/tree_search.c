@@ -8,8 +8,10 @@
 
    The n-gram counts: the search asks, for each beam path's context suffix s, count(s) and count(s + t) for the same
    k candidate tokens t. Every key that starts with s lies in one run of the sorted (m+1)-gram keys: it is found once
-   per path (two binary searches of the whole table) and the candidates are searched inside it, a few cache lines
-   instead of some twenty misses each over tens of megabytes. Counts are integers: the result is exactly numpy's. */
+   per path (two binary searches of the whole table) and the candidates are searched inside it in ascending order,
+   each search starting where the last one ended, a few cache lines instead of some twenty misses each over tens of
+   megabytes; a one-token suffix's counts are found once per level. Counts are integers: the result is exactly
+   numpy's. */
 #ifdef __clang__
 #pragma clang fp contract(off)
 #else
@@ -309,7 +311,8 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
     for (long i = 0; i < n; i++) kept[i] = candidate_at[ranked[i].index];
     *n_kept = n;
     free(ranked), free(candidate_at), free(beam_idx), free(next_idx), free(beam_score), free(next_score), free(ctx);
-    free(next_ctx), free(order), free(chosen), free(lt), free(is_eos), free(lv.ascending), free(lv.num), free(lv.last), free(lv.q);
+    free(next_ctx), free(order), free(chosen), free(lt), free(is_eos);
+    free(lv.ascending), free(lv.num), free(lv.last), free(lv.q);
     return offset;
 }
 
