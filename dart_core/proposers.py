@@ -24,6 +24,7 @@ from .draft_head import DraftCache, DraftHead
 from .draft_kernels import int8_copy, int8_supported
 from .errors import ConfigError
 from .lean_forward import OFF
+from .lookup_index import LookupIndex
 from .machine.kernels import onednn_applies, packed_linear
 from .machine.records import DRAFT_KERNELS, FP32_KERNELS, INT8_KERNELS
 from .methods import DART, DART_PLD, PLD, VANILLA
@@ -76,12 +77,17 @@ class PromptLookupProposer(Proposer):
         if num_tokens < 1:
             raise ConfigError("prompt lookup needs num_tokens >= 1")
         self.max_ngram, self.num_tokens, self.min_ngram = max_ngram, num_tokens, min_ngram
+        self.reset()
+
+    def reset(self):
+        self.index = LookupIndex(self.min_ngram, self.max_ngram, self.num_tokens)
 
     def propose(self, context, new_features, max_nodes):
-        drafts = self.lookup(context)[: max(0, max_nodes)]
+        drafts = self.index.lookup(context)[: max(0, max_nodes)]
         return Proposal(TokenTree.chain(context[-1], drafts))
 
     def lookup(self, context: list[int]) -> list[int]:
+        """The lookup of any one context, by a scan of it (decoding's growing contexts use `index`, the same answer)."""
         ids = np.asarray(context, dtype=np.int64)
         n_ctx = ids.size
         for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
@@ -210,6 +216,8 @@ class DartProposer(Proposer):
     def reset(self):
         self.drafter.reset()
         self._unread = None
+        if self.lookup is not None:
+            self.lookup.reset()
         if self.auto_budget is not None:
             self.auto_budget.reset()
         if hasattr(self.ngram, "reset"):  # a context-adaptive table forgets the previous prompt
@@ -238,7 +246,7 @@ class DartProposer(Proposer):
         result = search(rows_tokens, rows_probs, context, config, self.ngram, self.eos_ids, node_budget=max_nodes)
         tree, lookup_nodes, branch = result.tree, None, []
         if self.lookup is not None:
-            branch = self.lookup.lookup(context)   # the longest: the automatic budget learns every length from it
+            branch = self.lookup.index.lookup(context)   # the longest: the budget learns every length from it
             used = budget.branch_used(branch) if budget is not None else branch
             tree, lookup_nodes = tree.with_branch(used, max_nodes - (len(tree) - 1))
         t2 = time.perf_counter()

@@ -5,10 +5,11 @@ target's and the draft head's forwards.
     python -m studies.host_work --budgets 128 --prompts 2
 
 On a GPU the forwards run on the device and the host does the rest: the tree search, the verify's tree mask, greedy
-acceptance, the automatic budget's bookkeeping. This study decodes with the default model at each fixed budget on this
-CPU, then replays those host parts over the recorded steps, three rounds, the best kept: with the host's caches warm,
-as on a GPU's host. (Inside decoding on a CPU the forward between two steps leaves them cold: the decode's own search
-and accept times, printed beside, are that upper bound.) Prints ms a step per part.
+acceptance, the automatic budget's bookkeeping (and for `dart_pld` the prompt-lookup branch's lookup). This study
+decodes with the default model at each fixed budget on this CPU, then replays those host parts over the recorded
+steps, three rounds, the best kept: with the host's caches warm, as on a GPU's host. (Inside decoding on a CPU the
+forward between two steps leaves them cold: the decode's own search and accept times, printed beside, are that upper
+bound.) Prints ms a step per part.
 """
 
 from __future__ import annotations
@@ -22,16 +23,19 @@ import numpy as np
 from dart_core.acceptance import accept_choices
 from dart_core.budget.auto import GPU_MAX_BUDGET, AutoBudget
 from dart_core.decoding import GenerationConfig, run
+from dart_core.lookup_index import LookupIndex
 from dart_core.machine.records import CostCurve
+from dart_core.proposers import PromptLookupProposer
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.datasets import humaneval_prompts, mtbench_prompts
-from dart_core.setup.defaults import default_search_config
+from dart_core.setup.defaults import LOOKUP_LONGEST, PLD_NGRAM, default_search_config
 from dart_core.setup.loading import DraftSettings, load
 from dart_core.tree_search import search
 
 # a GPU's flat verify cost curve (what the automatic budget weighs there; its choice does not change the work timed)
 GPU_CURVE = CostCurve((1, 16, 64, 256), (2.0e-3, 2.05e-3, 2.15e-3, 2.6e-3))
-PARTS = ("search", "tree mask", "accept", "budget")
+DART_PARTS = ("search", "tree mask", "accept", "budget")
+PARTS = (*DART_PARTS, "lookup", "scan")   # dart_pld's lookup: by the index decoding keeps, by a scan
 
 
 @dataclasses.dataclass
@@ -66,6 +70,8 @@ def replay(steps: list[Step], proposer, budget: int) -> dict[str, float]:
     for _ in range(3):
         spent = dict.fromkeys(PARTS, 0.0)
         auto = AutoBudget(GPU_CURVE, start=budget, max_budget=GPU_MAX_BUDGET)
+        lookup = LookupIndex(1, PLD_NGRAM, LOOKUP_LONGEST)
+        scan = PromptLookupProposer(PLD_NGRAM, LOOKUP_LONGEST)
         for step in steps:
             t0 = time.perf_counter()
             result = search(step.rows_tokens, step.rows_probs, step.context, config, proposer.ngram, proposer.eos_ids)
@@ -77,9 +83,13 @@ def replay(steps: list[Step], proposer, budget: int) -> dict[str, float]:
             auto.budget_for(step.context)
             auto.remember(step.context, result.candidates, [], t1 - t0)
             t4 = time.perf_counter()
+            lookup.lookup(step.context)   # what dart_pld's branch adds (10 tokens, n-grams up to 3)
+            t5 = time.perf_counter()
+            scan.lookup(step.context)
+            t6 = time.perf_counter()
             if (result.tree.tokens, result.tree.parents) != (step.tokens, step.parents):
                 raise AssertionError("the replayed search built another tree than decoding did")
-            for part, seconds in zip(PARTS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            for part, seconds in zip(PARTS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5)):
                 spent[part] += seconds
         best = {part: min(best[part], spent[part] / len(steps)) for part in PARTS}
     return best
@@ -97,9 +107,9 @@ def main(argv=None) -> int:
     prompts = [encode_prompt(target.tokenizer, p.text)
                for p in mtbench_prompts()[:args.prompts] + humaneval_prompts()[:args.prompts]]
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_ids=loaded.stop_ids)
-    print("ms a step; replayed warm: search, tree mask, accept, budget, their sum; then decoding's own (cold) search"
-          " and accept")
-    print(f"{'budget':>6} {'rows':>6} " + " ".join(f"{p:>9}" for p in (*PARTS, "sum")) + " | "
+    print("ms a step; replayed warm: dart's parts and their sum, the lookup dart_pld adds (by decoding's index, by a"
+          " scan of the context); then decoding's own (cold) search and accept")
+    print(f"{'budget':>6} {'rows':>6} " + " ".join(f"{p:>9}" for p in (*DART_PARTS, "sum", "lookup", "scan")) + " | "
           + " ".join(f"{p:>9}" for p in ("search", "accept")))
     for budget in (int(b) for b in args.budgets.split(",")):
         search_config = dataclasses.replace(default_search_config(), node_budget=budget)
@@ -110,8 +120,10 @@ def main(argv=None) -> int:
         parts = replay(steps, proposer, budget)
         rows = np.mean([len(s.tokens) for s in steps])
         cold = {k: np.mean([s.timings[k] for s in decoded]) * 1e3 for k in ("search", "accept")}
-        warm = [parts[p] * 1e3 for p in PARTS]
-        print(f"{budget:6d} {rows:6.1f} " + " ".join(f"{t:9.3f}" for t in (*warm, sum(warm))) + " | "
+        warm = [parts[p] * 1e3 for p in DART_PARTS]
+        print(f"{budget:6d} {rows:6.1f} " + " ".join(f"{t:9.3f}" for t in (*warm, sum(warm), parts["lookup"] * 1e3,
+                                                                  parts["scan"] * 1e3))
+              + " | "
               + " ".join(f"{cold[p]:9.3f}" for p in ("search", "accept")))
     return 0
 
