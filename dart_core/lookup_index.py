@@ -1,6 +1,6 @@
 """Prompt lookup as decoding goes: the context's n-grams indexed once each, so that a step looks up its latest earlier
-occurrence in a few dictionary reads instead of a scan of the whole context (a scan and the context's conversion to an
-array cost 0.05 ms at 300 tokens and 0.24 ms at 4,000, every step, where a GPU's step is about 2 ms).
+occurrence in a few dictionary reads instead of a scan of the whole context, which grows with it (measurements:
+docs/cpu-speed.md, section 15).
 
 `LookupIndex.lookup(context)` gives what `PromptLookupProposer.lookup` gives, for contexts that each extend the last
 one, as a decode's do (the committed tokens and the root); a context that does not is indexed anew.
