@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .budget.auto import AutoBudget
+from .budget.pool import CandidatePool
 from .context_ngram import ContextNGram
 from . import draft_native
 from .draft_fixed import FixedDraft
@@ -196,9 +197,13 @@ class DartProposer(Proposer):
 
     def __init__(self, drafter: Drafter, search_config: SearchConfig | None = None,
                  ngram: NGramModel | ContextNGram | None = None, eos_ids=frozenset(),
-                 lookup: PromptLookupProposer | None = None, auto_budget: AutoBudget | None = None):
-        """auto_budget: choose the node budget as the run goes (search_config.node_budget is where it starts)."""
+                 lookup: PromptLookupProposer | None = None, auto_budget: AutoBudget | None = None,
+                 record_candidates: bool = True):
+        """auto_budget: choose the node budget as the run goes (search_config.node_budget is where it starts);
+        record_candidates: each step keeps every candidate the search considered (the trace's and the app's pruning
+        record), else its tree alone."""
         self.drafter = drafter
+        self.record_candidates = record_candidates
         self.auto_budget = auto_budget
         self._unread: torch.Tensor | None = None   # features of steps decoded plainly, not yet read by the head
         self.search_config = (search_config or SearchConfig()).validate()
@@ -243,7 +248,8 @@ class DartProposer(Proposer):
         logits = self.drafter.draft(context, new_features)                  # [R, Vd]
         rows_tokens, rows_probs = self.drafter.top_rows(logits, min(config.topk, logits.shape[-1]))
         t1 = time.perf_counter()
-        result = search(rows_tokens, rows_probs, context, config, self.ngram, self.eos_ids, node_budget=max_nodes)
+        result = search(rows_tokens, rows_probs, context, config, self.ngram, self.eos_ids, node_budget=max_nodes,
+                        record=self.record_candidates)
         tree, lookup_nodes, branch = result.tree, None, []
         if self.lookup is not None:
             branch = self.lookup.index.lookup(context)   # the longest: the budget learns every length from it
@@ -251,6 +257,6 @@ class DartProposer(Proposer):
             tree, lookup_nodes = tree.with_branch(used, max_nodes - (len(tree) - 1))
         t2 = time.perf_counter()
         if self.auto_budget is not None:
-            self.auto_budget.remember(context, result.candidates, branch, t2 - t0)
+            self.auto_budget.remember(context, CandidatePool.of_search(result), branch, t2 - t0)
         return Proposal(tree, rows_tokens, rows_probs, result.candidates, lookup_nodes, t2 - t1,
                         budget or StepBudget(config.node_budget))

@@ -164,13 +164,14 @@ class Candidates:
 @dataclass
 class SearchResult:
     tree: TokenTree
-    candidates: Candidates
+    candidates: Candidates | None   # every candidate with its score parts and fate (None: not recorded)
     kept: np.ndarray  # candidate index of each non-root tree node, in node order (node i+1 = kept[i])
+    columns: dict[str, np.ndarray]   # the search's own columns (Candidates' names, raw): what it ranked
 
 
 def search(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], cfg: SearchConfig,
            ngram=None, eos_ids: frozenset[int] | set[int] = frozenset(),
-           node_budget: int | None = None) -> SearchResult:
+           node_budget: int | None = None, record: bool = True) -> SearchResult:
     """Build the draft tree.
 
     rows_tokens: [R, k] candidate tokens per logit row (row l gives depth l+1), best first.
@@ -178,11 +179,13 @@ def search(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], 
     context:     committed tokens ending with the root (at least the last order-1 are used by the n-gram).
     ngram:       an NGramModel, a ContextNGram (any model with `order` and `lookup`), or None.
     node_budget: overrides cfg.node_budget (e.g. when the context window leaves less room).
+    record:      keep every candidate with its score parts and fate (the trace's and the app's pruning record);
+                 without it the result's candidates are None (the tree and the ranked columns are the same).
     """
     kernel = kernels_here()
     if kernel is not None and (ngram is None or type(ngram) is NGramModel):
-        return _search_in_c(kernel, rows_tokens, rows_probs, context, cfg, ngram, eos_ids, node_budget)
-    return search_in_numpy(rows_tokens, rows_probs, context, cfg, ngram, eos_ids, node_budget)
+        return _search_in_c(kernel, rows_tokens, rows_probs, context, cfg, ngram, eos_ids, node_budget, record)
+    return search_in_numpy(rows_tokens, rows_probs, context, cfg, ngram, eos_ids, node_budget, record)
 
 
 def _tail(context: list[int], ngram) -> list[int]:
@@ -192,26 +195,29 @@ def _tail(context: list[int], ngram) -> list[int]:
     return [-1] * (n_ctx - len(tail)) + tail
 
 
-def _search_in_c(kernel, rows_tokens, rows_probs, context, cfg, ngram, eos_ids, node_budget) -> SearchResult:
+def _search_in_c(kernel, rows_tokens, rows_probs, context, cfg, ngram, eos_ids, node_budget, record) -> SearchResult:
     budget = cfg.node_budget if node_budget is None else min(node_budget, cfg.node_budget)
     R, k = rows_tokens.shape
     if budget <= 0 or R == 0:
-        return _empty(context)
+        return _empty(context, record)
     table, kept = tree_search_native.beam_search(kernel, rows_tokens, rows_probs, min(k, cfg.topk),
                                                  _tail(context, ngram), cfg, eos_ids, ngram, budget)
-    cand = _make_candidates(table, kept, budget)
-    return SearchResult(_tree_from_kept(int(context[-1]), table["token"], table["parent"], kept), cand, kept)
+    return _result(context, table, kept, budget, record)
 
 
-def _empty(context: list[int]) -> SearchResult:
-    cols = {name: np.zeros(0, dtype=np.int8 if name == "beam" else np.float64) for name in tree_search_native.COLUMNS}
-    cand = _make_candidates(cols, np.zeros(0, dtype=np.int64), 0)
-    return SearchResult(TokenTree([int(context[-1])], [-1]), cand, np.zeros(0, dtype=np.int64))
+def _result(context: list[int], table: dict, kept: np.ndarray, budget: int, record: bool) -> SearchResult:
+    tree = _tree_from_kept(int(context[-1]), table["token"], table["parent"], kept)
+    return SearchResult(tree, _make_candidates(table, kept, budget) if record else None, kept, table)
+
+
+def _empty(context: list[int], record: bool = True) -> SearchResult:
+    cols = {name: np.zeros(0, dtype=dtype) for name, dtype in tree_search_native.COLUMNS.items()}
+    return _result(context, cols, np.zeros(0, dtype=np.int64), 0, record)
 
 
 def search_in_numpy(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], cfg: SearchConfig,
                     ngram=None, eos_ids: frozenset[int] | set[int] = frozenset(),
-                    node_budget: int | None = None) -> SearchResult:
+                    node_budget: int | None = None, record: bool = True) -> SearchResult:
     """`search` in numpy: where our kernels are not built, and for a ContextNGram."""
     budget = cfg.node_budget if node_budget is None else min(node_budget, cfg.node_budget)
     R, k = rows_tokens.shape
@@ -281,16 +287,14 @@ def search_in_numpy(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: li
             break
 
     if offset == 0:
-        return _empty(context)
+        return _empty(context, record)
 
     table = {name: np.concatenate(parts) for name, parts in cols.items()}
     # Top `budget` by score, shallower first on ties: a parent (score >= child's) always precedes its children.
     ranking = np.lexsort((table["level"], -table["score"]))
     kept = ranking[:budget]
     kept = kept[np.lexsort((-table["score"][kept], table["level"][kept]))]  # node order: by depth, then score
-    cand = _make_candidates(table, kept, budget)
-    tree = _tree_from_kept(int(context[-1]), table["token"], table["parent"], kept)
-    return SearchResult(tree, cand, kept)
+    return _result(context, table, kept, budget, record)
 
 
 def log_term(prob, weight: float, eps: float):

@@ -149,7 +149,7 @@ def bench_args(tmp_path, *extra):
 @needs_default
 def test_bench_end_to_end_greedy(tmp_path, capsys):
     report = run_bench(bench_args(tmp_path, "--workloads", "mtbench", "--limit", "2", "--dtype", "fp32",
-                                  "--temperature", "0"))
+                                  "--temperature", "0", "--no-candidates"))
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["format"] == "dart-lab-bench/1" and saved["results"] == report["results"]
     table = capsys.readouterr().out
@@ -173,6 +173,7 @@ def test_bench_end_to_end_greedy(tmp_path, capsys):
     assert len(saved["runs"]) == 2 * len(bench.METHODS)
     assert all(r["new_tokens"] <= 8 for r in saved["runs"])
     assert saved["settings"]["dtypes"] == ["fp32"] and saved["environment"]["threads"] == 1
+    assert saved["settings"]["candidates_recorded"] is False   # DART's steps kept their trees alone
     assert saved["workloads"]["mtbench"]["prompts"] == 2
 
 
@@ -364,7 +365,7 @@ def test_bench_resume_refuses_other_settings(tmp_path, capsys, monkeypatch, one_
     runs_file = (tmp_path / "report.runs.jsonl").read_text()
     _no_loads(monkeypatch)                                   # the settings are checked before loading anything
     for extra, name in ((["--max-new-tokens", "5"], "max_new_tokens"), (["--node-budget", "4"], "search.node_budget"),
-                        (["--seed", "3"], "seed")):
+                        (["--seed", "3"], "seed"), (["--no-candidates"], "candidates")):
         assert main([*base, *extra, "--resume"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: cannot resume") and f" {name}=" in err[0], err

@@ -2,7 +2,9 @@
 
 import pytest
 
+from dart_core.budget.auto import AutoBudget
 from dart_core.decoding import GenerationConfig, run
+from dart_core.machine.records import CostCurve
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
@@ -99,6 +101,27 @@ def test_dart_with_context_adaptive_ngram_is_lossless(llama, references):
     for prompt, expected in list(references.items())[:10]:
         assert run(llama, proposer, list(prompt), GenerationConfig(max_new_tokens=24)).output_ids == expected
         assert ngram.seen[: len(prompt)] == list(prompt)  # it counted this prompt, not the previous one
+
+
+def test_dart_without_its_candidates_recorded_drafts_the_same_trees_and_learns_its_budget(llama, references):
+    """Only the app and the traces need every candidate the search weighed: without them a step keeps its tree, and
+    the automatic budget learns from the search's own columns what it learnt from the recorded candidates."""
+    ngram = NGramModel.build(prompts(50, llama.vocab_size, seed=9), vocab_size=llama.vocab_size, order=3)
+    curve = CostCurve((1, 8, 64), (1000.0, 1100.0, 2000.0))   # the drafting time measured weighs nothing
+    runs = {}
+    for record in (True, False):
+        auto = AutoBudget(curve, start=6, max_budget=20)
+        proposer = DartProposer(HeadDrafter(random_head(llama, seed=5), llama), SearchConfig(node_budget=6), ngram,
+                                lookup=PromptLookupProposer(max_ngram=2, num_tokens=4), auto_budget=auto,
+                                record_candidates=record)
+        proposer.observe = lambda tokens, seconds: None   # the curve as given: choices that do not depend on timing
+        traces = [run(llama, proposer, list(p), GenerationConfig(max_new_tokens=24)) for p in list(references)[:6]]
+        drafted = [s for t in traces for s in t.steps[1:] if s.rows_tokens is not None]
+        assert drafted and all((s.candidates is not None) == record for s in drafted)
+        runs[record] = ([t.output_ids for t in traces], [(s.tree.tokens, s.tree.parents) for s in drafted],
+                        auto.steps, auto.accepted.tolist(), auto.nodes.tolist())
+    assert runs[True][0] == [references[tuple(p)] for p in list(references)[:6]]
+    assert runs[True][2] > 0 and runs[False] == runs[True]
 
 
 def test_dart_with_a_prompt_lookup_branch_is_lossless_and_uses_the_branch(llama, references):

@@ -4,6 +4,7 @@ import random
 import numpy as np
 import pytest
 
+from dart_core.budget.pool import CandidatePool
 from dart_core.context_ngram import ContextNGram
 from dart_core.machine import few_rows
 from dart_core.machine.hardware import detect, kernels_here
@@ -108,6 +109,24 @@ def test_the_tree_is_built_from_kept_candidates_and_refuses_an_orphan():
         _tree_from_kept(9, token, parent, np.asarray([1, 3, 2]))   # 3 before its parent
     with pytest.raises(AssertionError, match="candidate 2 without its parent 1"):
         _tree_from_kept(9, token, parent, np.asarray([0, 2]))      # 2's parent never kept
+
+
+def test_a_search_without_its_record_builds_the_same_tree_from_the_same_ranked_columns():
+    rng = np.random.default_rng(4)
+    ngram = NGramModel.build([rng.integers(0, 40, 500).tolist()], vocab_size=40, order=3)
+    for trial in range(4):
+        rows_tokens, rows_probs = random_rows(rng, 4, 10, 40)
+        cfg = SearchConfig(topk=10, beam_width=5, node_budget=12)
+        for fn in (search, search_in_numpy):
+            recorded = fn(rows_tokens, rows_probs, [1, 2], cfg, ngram)
+            bare = fn(rows_tokens, rows_probs, [1, 2], cfg, ngram, record=False)
+            assert bare.candidates is None and bare.tree == recorded.tree
+            assert np.array_equal(bare.kept, recorded.kept)
+            pools = [CandidatePool.of_search(bare), CandidatePool.of(recorded.candidates)]
+            for name in ("token", "parent", "score", "level"):
+                a, b = (getattr(p, name) for p in pools)
+                assert a.dtype == b.dtype and np.array_equal(a, b), (trial, name)
+    assert search(rows_tokens, rows_probs, [1, 2], SearchConfig(node_budget=0), ngram, record=False).candidates is None
 
 
 def test_fates_and_beam_states():

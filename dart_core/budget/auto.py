@@ -115,15 +115,16 @@ class AutoBudget:
                 return self.choice.best_drafting   # the first plain step is a probe: measuring goes on
         return self.budget
 
-    def remember(self, context: list[int], candidates: Candidates | None, branch: list[int], seconds: float) -> None:
-        """Keep this step's pool (and its lookup branch, at the longest length) until the target's continuation
-        after it is known."""
+    def remember(self, context: list[int], pool: CandidatePool | Candidates | None, branch: list[int],
+                 seconds: float) -> None:
+        """Keep this step's pool (a search's `CandidatePool`, or the candidates it recorded; and its lookup branch, at
+        the longest length) until the target's continuation after it is known."""
         self._timed += 1
         self.overhead += (seconds - self.overhead) / self._timed
-        if candidates is None or not len(candidates):
+        if pool is None or not pool.token.size:
             return
-        self.pending.append(_Pending(len(context) - 1, CandidatePool.of(candidates), list(branch[:self.lengths[-1]]),
-                                     int(candidates.level.max()) + 1))
+        self.pending.append(_Pending(len(context) - 1, CandidatePool.of(pool), list(branch[:self.lengths[-1]]),
+                                     int(pool.level.max()) + 1))
 
     def observe_verify(self, tokens: int, seconds: float) -> CurveFix | None:
         """A verify of `tokens` tokens took `seconds`. Every CHECK_STEPS of them, the curve is checked; returns what

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..machine.records import CostCurve
-from ..tree_search import Candidates
+from ..tree_search import Candidates, SearchResult
 
 
 def expected_rate(tokens, nodes, overhead: float, curve: CostCurve):
@@ -63,8 +63,14 @@ class CandidatePool:
     level: np.ndarray
 
     @classmethod
-    def of(cls, c: Candidates) -> "CandidatePool":
+    def of(cls, c: "Candidates | CandidatePool") -> "CandidatePool":
         return cls(c.token, c.parent, c.score, c.level)
+
+    @classmethod
+    def of_search(cls, result: SearchResult) -> "CandidatePool":
+        """A search's pool from the columns it ranked, whether or not it recorded its candidates."""
+        c = result.columns
+        return cls(c["token"], c["parent"], c["score"], c["level"])
 
     def ranks_of(self, idx: np.ndarray) -> np.ndarray:
         """pool_ranks of the candidates `idx` alone: how many candidates the search ranks before each (a higher

@@ -175,6 +175,7 @@ class DraftSettings:
     context_weight: float = 0.0         # > 0: the prompt's and the output's own n-grams join the table (ContextNGram)
     pld_tokens: int = PLD_TOKENS        # prompt lookup: tokens copied
     pld_ngram: int = PLD_NGRAM          # prompt lookup (and dart_pld's branch): the longest n-gram matched
+    record_candidates: bool = True      # DART's steps keep every candidate the search weighed (off: the tree only)
 
 
 def looked_up_tokens(method: str, lookup_tokens: int | None, auto: bool) -> int | None:
@@ -242,7 +243,8 @@ class Loaded:
             lookup = PromptLookupProposer(max_ngram=settings.pld_ngram,
                                           num_tokens=looked_up_tokens(method, settings.lookup_tokens, auto))
         drafter = HeadDrafter(self.head, self.target, self.draft_choice.kernels)
-        return DartProposer(drafter, settings.search, table, eos_ids=self.stop_ids, lookup=lookup, auto_budget=budget)
+        return DartProposer(drafter, settings.search, table, eos_ids=self.stop_ids, lookup=lookup, auto_budget=budget,
+                            record_candidates=settings.record_candidates)
 
     def new_trace(self, method: str, prompt_ids: list[int], prompt_text: str, sampling: SamplingConfig,
                   max_new_tokens: int, settings: DraftSettings | None = None) -> Trace:

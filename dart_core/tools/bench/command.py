@@ -63,6 +63,7 @@ def write_report(plan: BenchPlan, progress: Progress, runs_file: Path, started: 
         "pld_tokens": plan.pld_tokens, "pld_ngram": plan.pld_ngram, "search": plan.search.to_dict(),
         "node_budget": "auto" if plan.auto_budget else plan.search.node_budget,
         "workloads": list(plan.workload_info), "prompts_file": plan.prompts_file,
+        "candidates_recorded": plan.record_candidates,
     }
     report["environment"] = {
         **progress.environment, "torch": torch.__version__, "transformers": transformers.__version__,

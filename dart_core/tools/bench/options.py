@@ -99,4 +99,7 @@ def add_bench_args(p) -> None:
                    help="continue the runs recorded in the runs file next to --out (OUT.runs.jsonl, written as "
                         "runs finish): skip those, run the rest, report all; the settings must be the same")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-candidates", action="store_true",
+                   help="DART's steps keep their tree, not every candidate the search weighed (what the app and traces "
+                        "read; the bench reads neither): the engine's speed without that record")
     add_search_args(p)

@@ -50,12 +50,13 @@ class BenchPlan:
     threads: int | None
     resume: bool
     progress: bool
+    record_candidates: bool = True       # DART's steps keep every candidate the search weighed (--no-candidates: off)
     loaded_targets: dict = field(default_factory=dict, repr=False)   # dtype -> a target loaded already (--dtype auto)
 
     def draft_settings(self) -> DraftSettings:
         return DraftSettings(self.search, self.auto_budget, lookup_tokens=self.lookup_tokens,
                              context_weight=self.ngram_context_weight, pld_tokens=self.pld_tokens,
-                             pld_ngram=self.pld_ngram)
+                             pld_ngram=self.pld_ngram, record_candidates=self.record_candidates)
 
 
 def plan_from_args(args) -> BenchPlan:
@@ -90,6 +91,7 @@ def plan_from_args(args) -> BenchPlan:
         pld_tokens=args.pld_tokens, pld_ngram=args.pld_ngram, lookup_tokens=getattr(args, "lookup_tokens", None),
         ngram_context_weight=args.ngram_context_weight, warmup=args.warmup, limit=args.limit,
         prompts_file=args.prompts, threads=args.threads, resume=args.resume, progress=progress,
+        record_candidates=not args.no_candidates,
         loaded_targets={d: t for d, t in targets.items() if t is not None})
 
 

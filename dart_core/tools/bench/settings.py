@@ -26,6 +26,7 @@ def resume_settings(plan: BenchPlan) -> dict:
             **({"lookup_chosen": True} if plan.auto_budget and plan.lookup_tokens is None else {}),
             "draft_kernels": plan.draft_kernels,
             **({"thinking": True} if plan.thinking else {}),         # absent: off, as in older runs files
+            **({"candidates": "not recorded"} if not plan.record_candidates else {}),   # absent: recorded
             "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
             # a head or table rebuilt in place keeps its name: compare the bytes
             "draft_sha256": files_digest(DEFAULT_HEAD if plan.draft == "default" else plan.draft),
