@@ -6,7 +6,8 @@
 #    must decode losslessly; DART against plain decoding on 4 prompts with the default model where it is here, and
 #    the shipped head trained on for 45 s there (its anchor tokens per second);
 # 2. the speed table (scripts/gpu_speed.py): hf_generate, vanilla, dart, dart_pld on every forward, fp32 and bf16,
-#    node budgets auto, 16 and 128, with each phase's milliseconds a step; one table, one JSON in $OUT/gpu-speed.
+#    node budgets auto, 16 and 128, DART with and without its pruning record, with each phase's milliseconds a step;
+#    one table, one JSON in $OUT/gpu-speed.
 #
 #   scripts/gpu-check.sh                         # on a GPU
 #   scripts/gpu-check.sh cuda full --model DIR   # the speed table on another model (arguments after the second go

@@ -10,6 +10,7 @@ Configurations, most telling first (each is `python -m dart_core bench` with $DA
   lean          our forward, static cache, steps captured as CUDA graphs: hf_generate, vanilla, dart, dart_pld (fp32)
   lean 16 / 128 DART at a fixed node budget of 16 and of 128
   lean bf16     vanilla, dart, dart_pld in bf16
+  lean, no pruning record   vanilla, dart, dart_pld without every candidate kept (bench --no-candidates)
   lean-eager    our forward without graphs
   transformers  transformers' forward (the engine before the lean forward): vanilla, dart, dart_pld
 Per method: tokens/s, against transformers' `generate` and against our own plain lane (vanilla) of the same
@@ -62,6 +63,7 @@ class Config:
     methods: str
     dtype: str = "fp32"
     node_budget: str = "auto"
+    record: bool = True          # DART's steps keep every candidate the search weighed (bench --no-candidates: off)
 
 
 CONFIGS = (
@@ -69,6 +71,7 @@ CONFIGS = (
     Config("lean 16 nodes", "lean", "vanilla,dart", node_budget="16"),
     Config("lean 128 nodes", "lean", "vanilla,dart", node_budget="128"),
     Config("lean bf16", "lean", "vanilla,dart,dart_pld", dtype="bf16"),
+    Config("lean, no pruning record", "lean", "vanilla,dart,dart_pld", record=False),
     Config("lean-eager", "lean-eager", "vanilla,dart,dart_pld"),
     Config("transformers", "transformers", "vanilla,dart,dart_pld"),
 )
@@ -79,7 +82,8 @@ def bench_argv(config: Config, args, out: Path) -> list[str]:
             "--methods", config.methods, "--dtype", config.dtype, "--node-budget", config.node_budget,
             *(["--prompts", args.prompt_file] if args.prompt_file else ["--workloads", args.workloads]),
             "--limit", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
-            "--temperature", "0", "--warmup", "1", "--no-progress", "--out", str(out)]
+            "--temperature", "0", "--warmup", "1", "--no-progress", "--out", str(out),
+            *([] if config.record else ["--no-candidates"])]
 
 
 def rows_of(config: Config, report: dict) -> list[dict]:

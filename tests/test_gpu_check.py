@@ -90,6 +90,8 @@ def test_the_speed_table_takes_a_prompt_file_instead_of_the_workloads(tmp_path):
     argv = gpu_speed.bench_argv(config, args, tmp_path)
     assert "--workloads" not in argv and argv[argv.index("--prompts") + 1] == args.prompt_file
     assert argv[argv.index("--limit") + 1] == "2"
+    unrecorded = next(c for c in gpu_speed.CONFIGS if not c.record)
+    assert "--no-candidates" in gpu_speed.bench_argv(unrecorded, args, tmp_path) and "--no-candidates" not in argv
 
 
 def test_the_training_rate_is_measured_on_text_of_the_docs(tmp_path, capsys, monkeypatch):
