@@ -34,8 +34,7 @@ class LookupIndex:
         if done > len(context) or self.tokens[-8:] != list(context[max(done - 8, 0): done]):
             # not an extension of what is indexed (a new prompt without a reset): index it anew
             self.starts, self.tokens, done = {n: {} for n in self.starts}, [], 0
-        new = list(context[done:])
-        self.tokens.extend(new)
+        self.tokens.extend(context[done:])
         tokens = self.tokens
         # the n-grams ending at each position up to the last but one
         for end in range(max(done - 1, 0), len(tokens) - 1):

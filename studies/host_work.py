@@ -131,8 +131,7 @@ def main(argv=None) -> int:
         cold = {k: np.mean([s.timings[k] for s in decoded]) * 1e3 for k in ("search", "accept")}
         warm = [parts[p] * 1e3 for p in DART_PARTS]
         more = [parts[p] * 1e3 for p in PARTS[len(DART_PARTS):]]
-        print(f"{budget:6d} {rows:6.1f} " + " ".join(f"{t:10.3f}" for t in (*warm, sum(warm), *more))
-              + " | "
+        print(f"{budget:6d} {rows:6.1f} " + " ".join(f"{t:10.3f}" for t in (*warm, sum(warm), *more)) + " | "
               + " ".join(f"{cold[p]:10.3f}" for p in ("search", "accept")))
     return 0
 
