@@ -167,6 +167,12 @@ class SearchResult:
     candidates: Candidates | None   # every candidate with its score parts and fate (None: not recorded)
     kept: np.ndarray  # candidate index of each non-root tree node, in node order (node i+1 = kept[i])
     columns: dict[str, np.ndarray]   # the search's own columns (Candidates' names, raw): what it ranked
+    budget: int                      # the node budget the tree was cut to
+
+    def recorded(self) -> Candidates:
+        """Every candidate with its score parts and fate, made from the search's columns (what `record` keeps)."""
+        return self.candidates if self.candidates is not None else _make_candidates(self.columns, self.kept,
+                                                                                     self.budget)
 
 
 def search(rows_tokens: np.ndarray, rows_probs: np.ndarray, context: list[int], cfg: SearchConfig,
@@ -206,8 +212,11 @@ def _search_in_c(kernel, rows_tokens, rows_probs, context, cfg, ngram, eos_ids, 
 
 
 def _result(context: list[int], table: dict, kept: np.ndarray, budget: int, record: bool) -> SearchResult:
-    tree = _tree_from_kept(int(context[-1]), table["token"], table["parent"], kept)
-    return SearchResult(tree, _make_candidates(table, kept, budget) if record else None, kept, table)
+    result = SearchResult(_tree_from_kept(int(context[-1]), table["token"], table["parent"], kept), None, kept, table,
+                          budget)
+    if record:
+        result.candidates = result.recorded()
+    return result
 
 
 def _empty(context: list[int], record: bool = True) -> SearchResult:

@@ -8,7 +8,8 @@ from dart_core.machine.records import CostCurve
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
-from dart_core.tree_search import SearchConfig
+from dart_core.forensics.replay import replay_step
+from dart_core.tree_search import SearchConfig, search
 from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, random_head, tiny_target
 from dart_core.setup.tiny_models import random_prompts as prompts
 
@@ -118,6 +119,13 @@ def test_dart_without_its_candidates_recorded_drafts_the_same_trees_and_learns_i
         traces = [run(llama, proposer, list(p), GenerationConfig(max_new_tokens=24)) for p in list(references)[:6]]
         drafted = [s for t in traces for s in t.steps[1:] if s.rows_tokens is not None]
         assert drafted and all((s.candidates is not None) == record for s in drafted)
+        if record:   # made once the verify was under way, the record is the step's own search's
+            for t in traces:
+                for i, s in enumerate(t.steps[1:], start=1):
+                    if s.rows_tokens is not None:
+                        again = search(s.rows_tokens, s.rows_probs, replay_step(t, i).context,
+                                       SearchConfig(node_budget=s.budget.nodes), ngram)
+                        assert again.candidates.to_dict() == s.candidates.to_dict()
         runs[record] = ([t.output_ids for t in traces], [(s.tree.tokens, s.tree.parents) for s in drafted],
                         auto.steps, auto.accepted.tolist(), auto.nodes.tolist())
     assert runs[True][0] == [references[tuple(p)] for p in list(references)[:6]]
