@@ -4,11 +4,11 @@ import pytest
 
 from dart_core.budget.auto import AutoBudget
 from dart_core.decoding import GenerationConfig, run
+from dart_core.forensics.replay import replay_step
 from dart_core.machine.records import CostCurve
 from dart_core.metrics import Metrics
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
-from dart_core.forensics.replay import replay_step
 from dart_core.tree_search import SearchConfig, search
 from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, random_head, tiny_target
 from dart_core.setup.tiny_models import random_prompts as prompts
