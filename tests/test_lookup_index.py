@@ -23,8 +23,9 @@ def test_a_context_that_does_not_extend_the_last_is_indexed_anew():
     scan, index = PromptLookupProposer(3, 10), LookupIndex(1, 3, 10)
     first = [1, 2, 3, 4, 1, 2, 3, 9, 9, 1, 2]
     assert index.lookup(first) == scan.lookup(first) == [3, 9, 9, 1, 2]
-    for other in ([5, 6, 7, 5, 6, 7, 8, 5, 6], [1, 2, 3, 4, 1, 2, 3, 9, 9, 1, 7, 1], [1, 2, 3]):
-        assert index.lookup(other) == scan.lookup(other)   # unrelated, changed mid-way, shorter
+    for other in ([5, 6, 7, 5, 6, 7, 8, 5, 6], [1, 2, 3, 4, 1, 2, 3, 9, 7, 1, 2, 3], [1, 2, 3]):
+        assert index.lookup(first) == [3, 9, 9, 1, 2]
+        assert index.lookup(other) == scan.lookup(other)   # after `first`: unrelated, changed in its tail, shorter
 
 
 def test_decoding_looks_up_from_a_fresh_index_each_prompt():
