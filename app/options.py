@@ -24,7 +24,6 @@ TREE_KNOB_NAMES = tuple(k.name for k in TREE_KNOBS)
 KNOBS = {k.name: k for k in SAMPLING_KNOBS + TREE_KNOBS}
 
 
-
 class OptionError(DartError):
     """A knob or prompt the user gave is out of range; the message says which and why."""
 
