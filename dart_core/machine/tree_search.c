@@ -125,20 +125,30 @@ static void start_level(level_tokens *lv, const long long *tokens) {
     }
 }
 
+/* For the suffix of `length` tokens packed in `key` (its first token `first`): count(suffix), returned, and where it
+   is seen, num[j] = count(suffix + token j) for each of the level's tokens (0 where unseen or skip[j] is set). */
+static double suffix_counts(const table *t, long length, long long first, u64 key, const level_tokens *lv,
+                            const signed char *skip, double *num) {
+    const long long *in_m = t->starts[length - 1] + first, *in_next = t->starts[length] + first;
+    double den = (double)count_of(t->keys[length - 1], t->counts[length - 1], in_m[0], in_m[1], key);
+    if (den > 0) {
+        for (long j = 0; j < lv->k; j++) num[j] = 0.0;
+        long lo, hi;
+        run_of(t->keys[length], in_next[0], in_next[1], key, t->bits, &lo, &hi);
+        counts_in_run(t->keys[length], t->counts[length], lo, hi, key, t->bits, lv->tokens, lv->ascending, lv->k,
+                      skip, num);
+    }
+    return den;
+}
+
 static const double *last_row(const table *t, level_tokens *lv, long long last) {
     for (long r = 0; r < lv->n_last; r++)
         if (lv->last[r] == last) return lv->q + r * lv->k;
     double *q = lv->q + lv->n_last * lv->k;
     lv->last[lv->n_last++] = last;
-    for (long j = 0; j < lv->k; j++) q[j] = 0.0;
-    const long long *in_m = t->starts[0] + last, *in_next = t->starts[1] + last;
-    double den = (double)count_of(t->keys[0], t->counts[0], in_m[0], in_m[1], (u64)last);
-    if (!(den > 0)) return q;
-    long lo, hi;
-    run_of(t->keys[1], in_next[0], in_next[1], (u64)last, t->bits, &lo, &hi);
-    counts_in_run(t->keys[1], t->counts[1], lo, hi, (u64)last, t->bits, lv->tokens, lv->ascending, lv->k, 0, q);
+    double den = suffix_counts(t, 1, last, (u64)last, lv, 0, q);
     for (long j = 0; j < lv->k; j++)
-        if (q[j] > 0) q[j] = q[j] / fmax(den, 1e-12);
+        q[j] = den > 0 && q[j] > 0 ? q[j] / fmax(den, 1e-12) : 0.0;
     return q;
 }
 
@@ -159,14 +169,8 @@ static void backoff(const table *t, const long long *ctx, long n_ctx, level_toke
             key = (key << t->bits) | (u64)(suffix[i] >= 0 ? suffix[i] : 0);
         }
         if (!valid) continue;
-        const long long *in_m = t->starts[length - 1] + suffix[0], *in_next = t->starts[length] + suffix[0];
-        double den = (double)count_of(t->keys[length - 1], t->counts[length - 1], in_m[0], in_m[1], key);
+        double den = suffix_counts(t, length, suffix[0], key, lv, match, lv->num);
         if (!(den > 0)) continue;
-        long lo, hi;
-        run_of(t->keys[length], in_next[0], in_next[1], key, t->bits, &lo, &hi);
-        for (long j = 0; j < k; j++) lv->num[j] = 0.0;
-        counts_in_run(t->keys[length], t->counts[length], lo, hi, key, t->bits, lv->tokens, lv->ascending, k, match,
-                      lv->num);
         for (long j = 0; j < k; j++)
             if (!match[j] && lv->num[j] > 0) q[j] = lv->num[j] / fmax(den, 1e-12), match[j] = (signed char)length;
     }
