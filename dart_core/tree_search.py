@@ -355,10 +355,9 @@ def _make_candidates(table: dict, kept: np.ndarray, budget: int) -> Candidates:
         without_ngram = table["score"] - table["level_weight"] * table["ngram_term"]
         low = ((node < 0) & parent_in_tree & (table["ngram_match"] == 0) & (without_ngram >= cutoff))
         fate[low] = _FATE_CODE[LOW_NGRAM]
-    dtypes = {"token": np.int64, "level": np.int32, "parent": np.int32, "ngram_match": np.int8}
-    columns = {name: table[name].astype(dtypes.get(name, np.float64), copy=False) for name in (
-        "token", "level", "parent", "draft_prob", "logit_term", "ngram_prob", "ngram_match", "ngram_term",
-        "level_weight", "score")}   # the search's own arrays where their dtype is already the column's
+    # the search's columns in the C search's dtypes (Candidates' own): its arrays as they are where they already fit
+    columns = {name: table[name].astype(dtype, copy=False) for name, dtype in tree_search_native.COLUMNS.items()
+               if name != "beam"}
     return Candidates(**columns, fate=_FATE_NAMES[fate], beam=_BEAM_NAMES[table["beam"]], node=node)
 
 
