@@ -24,14 +24,16 @@ from dart_core.acceptance import accept_choices
 from dart_core.budget.auto import GPU_MAX_BUDGET, AutoBudget
 from dart_core.budget.pool import CandidatePool
 from dart_core.decoding import GenerationConfig, run
+from dart_core.forensics.replay import replay_steps
 from dart_core.lookup_index import LookupIndex
 from dart_core.machine.records import CostCurve
 from dart_core.proposers import PromptLookupProposer
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.datasets import humaneval_prompts, mtbench_prompts
-from dart_core.setup.defaults import LOOKUP_LONGEST, PLD_NGRAM, default_search_config
-from dart_core.setup.loading import DraftSettings, load
+from dart_core.setup.defaults import LOOKUP_LONGEST, PLD_NGRAM
+from dart_core.setup.loading import load
 from dart_core.tree_search import search
+from studies.alternate import fixed
 
 # a GPU's flat verify cost curve (what the automatic budget weighs there; its choice does not change the work timed)
 GPU_CURVE = CostCurve((1, 16, 64, 256), (2.0e-3, 2.05e-3, 2.15e-3, 2.6e-3))
@@ -53,22 +55,21 @@ class Step:
 
 def recorded_steps(trace) -> list[Step]:
     """Each drafting step of a trace with what its host parts read."""
-    steps, context = [], list(trace.prompt_ids) + list(trace.steps[0].new_tokens)
-    for s in trace.steps[1:]:
-        if s.rows_tokens is not None:
-            if len(s.new_tokens) == len(s.path):   # not cut at a stop: the target's choice after each path node
-                choices = [-1] * len(s.tree)
-                for node, token in zip(s.path, s.new_tokens):
-                    choices[node] = token
-                steps.append(Step(s.rows_tokens, s.rows_probs, list(context), choices, list(s.tree.tokens),
-                                  list(s.tree.parents)))
-        context += s.new_tokens
+    steps = []
+    for replayed in replay_steps(trace):
+        s = replayed.step
+        if len(s.new_tokens) == len(s.path):   # not cut at a stop: the target's choice after each path node
+            choices = [-1] * len(s.tree)
+            for node, token in zip(s.path, s.new_tokens):
+                choices[node] = token
+            steps.append(Step(s.rows_tokens, s.rows_probs, replayed.context, choices, list(s.tree.tokens),
+                              list(s.tree.parents)))
     return steps
 
 
 def replay(steps: list[Step], proposer, budget: int) -> dict[str, float]:
     """Seconds a step of each host part, the steps replayed in order (the best of three rounds)."""
-    config = dataclasses.replace(proposer.search_config, node_budget=budget)
+    config = proposer.search_config   # the study's fixed budget
     best = dict.fromkeys(PARTS, float("inf"))
     for _ in range(3):
         spent = dict.fromkeys(PARTS, 0.0)
@@ -121,8 +122,7 @@ def main(argv=None) -> int:
     print(f"{'budget':>6} {'rows':>6} " + " ".join(f"{p:>10}" for p in columns) + " | "
           + " ".join(f"{p:>10}" for p in ("search", "accept")))
     for budget in (int(b) for b in args.budgets.split(",")):
-        search_config = dataclasses.replace(default_search_config(), node_budget=budget)
-        proposer = loaded.proposer("dart", DraftSettings(search_config, False))
+        proposer, _ = fixed(loaded, "dart", node_budget=budget)
         traces = [run(target, proposer, ids, config) for ids in prompts]
         steps = [s for trace in traces for s in recorded_steps(trace)]
         decoded = [s for trace in traces for s in trace.steps[1:] if s.rows_tokens is not None]
