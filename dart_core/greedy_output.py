@@ -18,7 +18,8 @@ With an int8 copy on a CPU with AMX, the copy's product runs on AMX tiles (machi
 int8 digits per input; the bound then widens by |x - x~|_2 times the copy's largest row norm, a few parts in ten
 thousand of |x|. An fp32 product of the int8 copy is bound by arithmetic from 8 rows; the tiles' cost hardly grows
 with the rows, though at one row they can cost a little more: steps of fewer rows than `tile_rows` (measured per
-machine) keep the FMAs (docs/cpu-speed.md, section 12).
+machine) keep the FMAs (docs/cpu-speed.md, section 12). A CPU with AVX-512 VNNI and no AMX computes the same integer
+sums from the same tiles by VNNI, four times the products an instruction of the FMAs on the widened copy.
 
 Sampling needs every logit: it takes the full fp32 layer (TargetModel.verify without `choices`).
 """
@@ -76,8 +77,9 @@ class GreedyOutput:
 
     def __init__(self, weight: torch.Tensor, kernel: FewRowsKernel, kind: torch.dtype = torch.bfloat16,
                  tiles: str = "auto"):
-        """tiles: how an int8 copy's product is computed: "amx" (on AMX tiles), "off" (fp32 FMAs), "auto" (AMX where
-        this CPU and its OS allow it), or "stand-in" (the tiles' integer sums in plain C: the same bits, slowly)."""
+        """tiles: how an int8 copy's product is computed: "amx" (on AMX tiles), "vnni" (the tiles' integer sums by
+        AVX-512 VNNI), "off" (fp32 FMAs), "auto" (AMX where this CPU and its OS allow it, else VNNI where it has it,
+        else off), or "stand-in" (the tiles' integer sums in plain C: the same bits, slowly)."""
         if kind not in (torch.bfloat16, torch.int8) or weight.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the output layer's copy is bf16 or int8 of an fp32 or bf16 weight, not {kind} of "
                              f"{weight.dtype}")
@@ -90,6 +92,7 @@ class GreedyOutput:
         self.bound = choice_bounds(self.weight, self.approx)
         n, k = self.weight.shape
         self.tiles = amx_tiles.int8_tiles(self.approx, k) if tiles != "off" else None
+        self.tile_sums = amx_tiles.tile_sums(self.tiles) if tiles != "off" else None
         self.tiles_norm = largest_norm(self.approx, n) if tiles != "off" else 0.0
         # steps of at least this many rows use the tiles (None: none; as measured: setup/calibration.py)
         self.tile_rows: int | None = 1
@@ -110,5 +113,6 @@ class GreedyOutput:
             x.data_ptr(), self.approx.blocks.data_ptr(), WEIGHT_KINDS[self.kind], self.bound.data_ptr(),
             self.weight.data_ptr(), WEIGHT_KINDS[self.weight.dtype], m, k, n, torch.get_num_threads(),
             scratch.data_ptr(), out.data_ptr(), None if candidates is None else candidates.data_ptr(),
-            None if self.tiles is None else self.tiles.data_ptr(), self.tiles_norm, amx_tiles.MODES[mode])
+            None if self.tiles is None else self.tiles.data_ptr(),
+            None if self.tile_sums is None else self.tile_sums.data_ptr(), self.tiles_norm, amx_tiles.MODES[mode])
         return out

@@ -59,7 +59,7 @@ class TargetModel:
         self.fast_linears: FastLinears | None = None
         self.lean: LeanForward | None = None
         self.greedy_copy_rows: int | None = None   # measured: greedy steps of up to these rows read the output copy
-        self._copy_tile_rows: int | None = 1        # ... and from these rows on compute its product on AMX tiles
+        self._copy_tile_rows: int | None = 1        # ... and from these rows on its integer product (AMX or VNNI)
 
     def use_lean(self, on: bool = True, graphs: bool = True) -> str | None:
         """Decode through the lean forward over a static cache (dart_core.lean_forward) where this model's family
@@ -80,8 +80,8 @@ class TargetModel:
 
     def use_greedy_copy(self, rows: int | None, tile_rows: int | None = 1) -> None:
         """Greedy steps of up to `rows` rows choose from the output layer's copy (dart_core.greedy_output), larger ones
-        from the full layer; None: every step the C layer serves. Where the copy has AMX tiles, steps of at least
-        `tile_rows` rows compute its product on them (None: none). Both as measured: setup.calibration."""
+        from the full layer; None: every step the C layer serves. Where the copy has an integer product (on AMX tiles
+        or by VNNI), steps of at least `tile_rows` rows take it (None: none). Both as measured: setup.calibration."""
         self.greedy_copy_rows, self._copy_tile_rows = rows, tile_rows
         native = self._native
         if native is not None and native.greedy is not None:
@@ -101,10 +101,19 @@ class TargetModel:
 
     @property
     def greedy_copy_tile_rows(self) -> int | None:
-        """The rows from which the output layer's copy computes its product on AMX tiles (None: it does not)."""
+        """The rows from which the output layer's copy computes its integer product (None: it does not)."""
+        return self._greedy_copy.tile_rows if self.greedy_copy_tiles else None
+
+    @property
+    def greedy_copy_tiles(self) -> str:
+        """How the output layer's copy computes its integer product: "amx" (on AMX tiles), "vnni", or "" (no way)."""
+        copy = self._greedy_copy
+        return copy.tiles_mode if copy is not None and copy.tiles_mode in ("amx", "vnni") else ""
+
+    @property
+    def _greedy_copy(self):
         native = self._native
-        copy = native.greedy if native is not None else None
-        return copy.tile_rows if copy is not None and copy.tiles_mode == "amx" else None
+        return native.greedy if native is not None else None
 
     @property
     def forward_kind(self) -> str:

@@ -57,6 +57,7 @@ ON_ATEN_KINDS = [
     "tests/test_greedy_output.py::test_the_tiles_hold_the_copy",
     "tests/test_greedy_output.py::test_the_digits_error_is_in_the_bound",
     "tests/test_greedy_output.py::test_amx_tiles_give_their_stand_ins_bits",
+    "tests/test_greedy_output.py::test_vnni_gives_the_stand_ins_bits",
     "tests/test_greedy_output.py::test_tiles_are_asked_for_an_int8_copy_only",
     "tests/test_greedy_output.py::test_a_verify_gives_the_choices_its_logits_give",
     "tests/test_greedy_output.py::test_the_copys_rows_are_measured_and_applied",

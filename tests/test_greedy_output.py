@@ -9,7 +9,7 @@ import torch
 
 from dart_core.greedy_output import GreedyOutput
 from dart_core.setup.calibration import CopyChoice, copy_choice, greedy_copy_choice, measure_greedy_copy
-from dart_core.machine import few_rows
+from dart_core.machine import amx_tiles, few_rows
 from dart_core.machine.hardware import detect
 from dart_core.setup.tiny_models import tiny_target
 from dart_core.tree import TokenTree
@@ -17,7 +17,7 @@ from dart_core.tree import TokenTree
 HERE = detect()
 KERNEL = few_rows.kernel(HERE.kind)
 # (the copy, how an int8 copy's product runs): fp32 FMAs, its tiles' integer sums in plain C (on every machine), and
-# "auto": on AMX tiles where this machine has them, else the FMAs
+# "auto": on AMX tiles where this machine has them, else by VNNI where it has that, else the FMAs
 COPIES = [(torch.bfloat16, "off"), (torch.int8, "off"), (torch.int8, "stand-in"), (torch.int8, "auto")]
 
 
@@ -113,14 +113,16 @@ def test_the_bound_holds_for_every_output(copy, tiles):
         assert (widened[:4] > 0).all()
 
 
-def approximate_logits(out: GreedyOutput, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The copy's logits as the choice computes them, and each row's widening of the bound (zero without tiles)."""
+def approximate_logits(out: GreedyOutput, x: torch.Tensor, mode: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The copy's logits as the choice computes them (by its tiles' `mode`, its own by default), and each row's
+    widening of the bound (zero without tiles)."""
     m, n = x.shape[0], out.weight.shape[0]
     if out.tiles is None:
         return KERNEL.linear(x, out.approx, None), torch.zeros(m)
     z, err = torch.empty(m, n), torch.empty(m)
-    KERNEL.lib.int8_tiles_product(x.data_ptr(), out.tiles.data_ptr(), out.approx.scales.data_ptr(), m, x.shape[1], n,
-                                  2, int(out.tiles_mode == "amx"), z.data_ptr(), err.data_ptr())
+    KERNEL.lib.int8_tiles_product(x.data_ptr(), out.tiles.data_ptr(), out.tile_sums.data_ptr(),
+                                  out.approx.scales.data_ptr(), m, x.shape[1], n, 2,
+                                  amx_tiles.MODES[mode or out.tiles_mode], z.data_ptr(), err.data_ptr())
     return z, err * out.tiles_norm
 
 
@@ -177,13 +179,40 @@ def test_amx_tiles_give_their_stand_ins_bits():
     if not kernel.lib.amx_tiles_usable():
         with pytest.raises(ValueError, match="AMX tiles are not available here"):
             GreedyOutput(weight, kernel, torch.int8, "amx")
-        assert GreedyOutput(weight, kernel, torch.int8).tiles_mode == "off"   # auto: the FMAs
+        # auto: by VNNI where the build has it, else the FMAs
+        assert GreedyOutput(weight, kernel, torch.int8).tiles_mode == ("vnni" if kernel.lib.vnni_built() else "off")
         return
     amx, stand_in = GreedyOutput(weight, kernel, torch.int8, "amx"), GreedyOutput(weight, kernel, torch.int8, "stand-in")
     assert GreedyOutput(weight, kernel, torch.int8).tiles_mode == "amx"   # auto
     for rows in (x[:1], x[:8], x):   # one row, a tile's part, and more rows than a tile holds
         a, b = approximate_logits(amx, rows), approximate_logits(stand_in, rows)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_vnni_gives_the_stand_ins_bits():
+    """The VNNI product (the digits plus 128, each output's sum of weights times 128 taken off) gives the stand-in's
+    logits: by VPDPBUSD where this build has it, else by the same loop with the instruction written out, on every
+    machine. Its rows pass six at a time over two blocks of outputs: row and output counts on and off those edges.
+    Asking for it where the build has no VNNI says so in one line."""
+    kernel = kernel_or_why()
+    if kernel is None:
+        return
+    gen = torch.Generator().manual_seed(6)
+    for n, k in [(1000, 200), (40, 64), (17, 3)]:   # an odd block count (the last block alone), one chunk, a tiny K
+        weight = torch.randn(n, k, generator=gen)
+        weight[:, 0] = -weight.abs().max()   # outputs whose weights sum far from 0: the correction matters
+        out = GreedyOutput(weight, kernel, torch.int8, "stand-in")
+        x = torch.randn(19, k, generator=gen) * 3
+        x[3] = 0.0   # a row of zeros: digits of 0, every byte 128
+        for rows in (x[:1], x[:6], x[:7], x[:16], x):
+            vnni, plain = approximate_logits(out, rows, "vnni"), approximate_logits(out, rows, "stand-in")
+            assert torch.equal(vnni[0], plain[0]) and torch.equal(vnni[1], plain[1])
+    if kernel.lib.vnni_built():
+        vnni = GreedyOutput(weight, kernel, torch.int8, "vnni")
+        assert torch.equal(vnni.choose(x), kernel.linear(x, kernel.pack(weight), None).max(-1).indices)
+    else:
+        with pytest.raises(ValueError, match="AVX-512 VNNI is not available here"):
+            GreedyOutput(weight, kernel, torch.int8, "vnni")
 
 
 def test_tiles_are_asked_for_an_int8_copy_only():
@@ -193,7 +222,7 @@ def test_tiles_are_asked_for_an_int8_copy_only():
     weight = torch.randn(40, 16)
     with pytest.raises(ValueError, match="a bf16 copy has none"):
         GreedyOutput(weight, kernel, torch.bfloat16, "stand-in")
-    with pytest.raises(ValueError, match="tiles 'fast': one of 'auto', 'off', 'amx', 'stand-in'"):
+    with pytest.raises(ValueError, match="tiles 'fast': one of 'auto', 'off', 'amx', 'stand-in', 'vnni'"):
         GreedyOutput(weight, kernel, torch.int8, "fast")
     assert GreedyOutput(weight, kernel, torch.bfloat16).tiles is None   # auto: a bf16 copy has no tiles
 

@@ -118,6 +118,11 @@ def test_the_output_copys_rows_keep_their_file_form_and_their_words():
     assert through_json(tiles) == tiles and tiles.text() == "a CPU · fp32 · output copy up to 64 rows, on AMX tiles from 4"
     assert "greedy_copy_tile_rows" not in machine.to_dict()
     assert MachineRecord.from_dict(machine.to_dict()).greedy_copy_tile_rows is None
+    vnni = MachineRecord(summary="a CPU", greedy_copy_rows=64, greedy_copy_tile_rows=8, greedy_copy_tiles="vnni")
+    assert through_json(vnni) == vnni and vnni.text() == "a CPU · fp32 · output copy up to 64 rows, by VNNI from 8"
+    older = tiles.to_dict()
+    del older["greedy_copy_tiles"]   # written before VNNI: the tiles were AMX's
+    assert MachineRecord.from_dict(older).text() == tiles.text()
 
 
 def test_the_weights_pages_keep_their_file_form_and_their_words():

@@ -1,5 +1,6 @@
-"""Weights packed for our product on AMX tiles (amx_tiles.c): tiles of 16 outputs by 64 int8 inputs, the layout AMX's
-int8 products read, zeros past the weight's edges; and how the product runs here."""
+"""Weights packed for our integer product of the output copy (amx_tiles.c): tiles of 16 outputs by 64 int8 inputs, the
+layout AMX's int8 products read (and VNNI's, a row of a tile at a time), zeros past the weight's edges; and how the
+product runs here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from . import huge_pages
 from .few_rows import FewRowsKernel, PackedWeight
 
 TILE_N, TILE_K = 16, 64      # outputs and int8 inputs per tile (16 rows of 4)
-MODES = {"off": 0, "amx": 1, "stand-in": 2}   # how a product runs: not on tiles, on AMX, or its plain-C stand-in
+# how a product runs: not from the tiles (the FMAs), on AMX, by the plain-C stand-in, or by VNNI (amx_tiles.c's modes)
+MODES = {"off": 0, "amx": 1, "stand-in": 2, "vnni": 3}
 
 
 def usable(kernel: FewRowsKernel) -> bool:
@@ -17,14 +19,22 @@ def usable(kernel: FewRowsKernel) -> bool:
     return bool(kernel.lib.amx_tiles_usable())
 
 
+def vnni_usable(kernel: FewRowsKernel) -> bool:
+    """Whether our kernels were built with AVX-512 VNNI (for this CPU: it has them)."""
+    return bool(kernel.lib.vnni_built())
+
+
 def tiles_mode(kernel: FewRowsKernel, asked: str) -> str:
-    """The mode `asked` ("auto": AMX where usable, else off) as it will run here; refuses AMX where it cannot."""
+    """The mode `asked` ("auto": AMX where usable, else VNNI where built, else off) as it will run here; refuses AMX
+    or VNNI where they cannot run."""
     if asked == "auto":
-        return "amx" if usable(kernel) else "off"
+        return "amx" if usable(kernel) else "vnni" if vnni_usable(kernel) else "off"
     if asked not in MODES:
         raise ValueError(f"tiles {asked!r}: one of 'auto', {', '.join(repr(m) for m in MODES)}")
     if asked == "amx" and not usable(kernel):
         raise ValueError("AMX tiles are not available here (the CPU, the compiler or the OS)")
+    if asked == "vnni" and not vnni_usable(kernel):
+        raise ValueError("AVX-512 VNNI is not available here (the CPU or the build)")
     return asked
 
 
@@ -37,3 +47,14 @@ def int8_tiles(copy: PackedWeight, k: int) -> torch.Tensor:
     padded[:n, :k] = q
     b, c = padded.shape[0] // TILE_N, padded.shape[1] // TILE_K
     return huge_pages.copy_of(padded.view(b, TILE_N, c, TILE_K // 4, 4).permute(0, 2, 3, 1, 4))
+
+
+def tile_sums(tiles: torch.Tensor) -> torch.Tensor:
+    """Each output's sum of weights over its tiles, [blocks * 16] int32: what the VNNI product takes off again (its
+    digits go in plus 128)."""
+    blocks = tiles.shape[0]
+    sums = torch.empty(blocks, TILE_N, dtype=torch.int32)
+    step = 256   # blocks at a time: a few megabytes of int32 instead of four times the copy
+    for b in range(0, blocks, step):
+        sums[b:b + step] = tiles[b:b + step].to(torch.int32).sum(dim=(1, 2, 4))
+    return sums.reshape(-1)

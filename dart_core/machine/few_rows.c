@@ -280,9 +280,10 @@ void few_rows_argmax(const float *y, long M, long N, int threads, long *out) {
    argmax is among them, and they are computed by this file's fp32 product (the same arithmetic, so the same bits) from
    w's own rows (w: [N, K] row-major, fp32, or bf16 (w_kind 1), widened exactly as the bf16 product widens them).
    scratch: M * N floats. A row with a NaN or an infinity anywhere takes every output exactly. candidates (may be
-   NULL): how many outputs each row computed exactly. With tiles_mode 1 (AMX) or 2 (its stand-in) an int8 copy's
-   product is computed from the same copy packed as tiles (amx_tiles.c), x written as two int8 digits per input; each
-   row's bound then widens by |x - x~|_2 times tiles_norm, the copy's largest row norm (rounded up). */
+   NULL): how many outputs each row computed exactly. With tiles_mode 1 (AMX), 2 (its stand-in) or 3 (VNNI) an int8
+   copy's product is computed from the same copy packed as tiles (amx_tiles.c; tiles_sums: each output's sum of
+   weights, which VNNI reads), x written as two int8 digits per input; each row's bound then widens by |x - x~|_2
+   times tiles_norm, the copy's largest row norm (rounded up). */
 /* Entry `at` of a weight in fp32, or in bf16 (kind 1) widened exactly, as load_bf16 widens it. */
 static inline float weight_at(const void *w, int kind, long at) {
     if (kind != 1) return ((const float *)w)[at];
@@ -385,15 +386,16 @@ static row_best candidates_best(const float *x, const float *z, const float *bou
     return b;
 }
 
-void int8_tiles_product(const float *x, const signed char *tiles, const float *scales, long M, long K, long N,
-                        int threads, int amx, float *z, float *err);
+void int8_tiles_product(const float *x, const signed char *tiles, const int *sums, const float *scales, long M,
+                        long K, long N, int threads, int mode, float *z, float *err);
 
 void few_rows_choose(const float *x, const void *approx, int approx_kind, const float *bound, const void *w,
                      int w_kind, long M, long K, long N, int threads, float *scratch, long *out, long *candidates,
-                     const signed char *tiles, float tiles_norm, int tiles_mode) {
+                     const signed char *tiles, const int *tiles_sums, float tiles_norm, int tiles_mode) {
     float widened[M];   /* what the tiles' digits add to every output's bound, per row */
     if (tiles_mode) {
-        int8_tiles_product(x, tiles, i8_scales(approx, K, N), M, K, N, threads, tiles_mode == 1, scratch, widened);
+        int8_tiles_product(x, tiles, tiles_sums, i8_scales(approx, K, N), M, K, N, threads, tiles_mode, scratch,
+                           widened);
         for (long m = 0; m < M; m++) widened[m] = nextafterf(widened[m] * tiles_norm, INFINITY);
     } else {
         for (long m = 0; m < M; m++) widened[m] = 0.0f;

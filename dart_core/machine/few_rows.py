@@ -1,7 +1,7 @@
 """Our own fp32 kernels for few rows, built for the CPU at hand with its C compiler: few_rows.c (a linear, on fp32 or
 bf16 weights) and lean_layer.c (a whole decoder layer on it, which dart_core/lean_native.py drives for the target and
-dart_core/draft_native.py for the draft head); with them amx_tiles.c, the output copy's product on AMX tiles (packed
-by amx_tiles.py), and tree_search.c, DART's tree search and its n-gram counts.
+dart_core/draft_native.py for the draft head); with them amx_tiles.c, the output copy's integer product (on AMX
+tiles or by VNNI, packed by amx_tiles.py), and tree_search.c, DART's tree search and its n-gram counts.
 
 A decode step computes each linear for 1 row, a verify for a handful; both read every weight once, so the kernel that
 keeps memory busy wins. torch's GEMMs leave much of it unused at 2-16 rows (docs/cpu-speed.md, section 7). The C
@@ -114,11 +114,12 @@ class FewRowsKernel:
         self.lib.few_rows_argmax.argtypes = [p, n, n, ctypes.c_int, p]
         self.lib.few_rows_argmax.restype = None
         self.lib.few_rows_choose.argtypes = [p, p, ctypes.c_int, p, p, ctypes.c_int, n, n, n, ctypes.c_int, p, p, p,
-                                             p, ctypes.c_float, ctypes.c_int]
+                                             p, p, ctypes.c_float, ctypes.c_int]
         self.lib.few_rows_choose.restype = None
-        self.lib.int8_tiles_product.argtypes = [p, p, p, n, n, n, ctypes.c_int, ctypes.c_int, p, p]
+        self.lib.int8_tiles_product.argtypes = [p, p, p, p, n, n, n, ctypes.c_int, ctypes.c_int, p, p]
         self.lib.int8_tiles_product.restype = None
         self.lib.amx_tiles_usable.restype = ctypes.c_int
+        self.lib.vnni_built.restype = ctypes.c_int
         self.lib.draft_rows_top.argtypes = [p, n, n, n, p, p, ctypes.c_int]
         self.lib.draft_rows_top.restype = None
 

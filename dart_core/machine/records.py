@@ -21,6 +21,8 @@ from .hardware import Hardware
 # torch's name of each dtype -> the one spelling records use
 DTYPE_SPELLING = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 CURVE_CONTEXT = 256        # tokens in the cache when the cost curve is measured: a typical prompt plus some output
+# how the output copy's integer product runs (machine/amx_tiles.py's modes), as a record says it
+COPY_PRODUCTS = {"amx": "on AMX tiles", "vnni": "by VNNI"}
 
 
 def dtype_spelling(dtype) -> str:
@@ -196,14 +198,17 @@ class MachineRecord:
     draft_kernels: DraftKernelChoice | None = None
     forward: str = ""     # which forward decoded (TargetModel.forward_kind); "" in records older than it
     greedy_copy_rows: int | None = None   # greedy steps of up to these rows read the output layer's copy (measured)
-    greedy_copy_tile_rows: int | None = None   # ... computing its product on AMX tiles from these rows (measured)
+    greedy_copy_tile_rows: int | None = None   # ... computing its integer product from these rows (measured)
     huge_pages: bool | None = None   # the C layer's weights on huge pages (machine/huge_pages.py); None: no C layer
+    greedy_copy_tiles: str = ""      # that product's way: "amx" or "vnni" (records older than VNNI: AMX)
 
     def text(self) -> str:
         """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · output copy up to 16 rows
-        · drafting in int8' ('... up to 64 rows, on AMX tiles from 4 ...' where its product runs there)."""
+        · drafting in int8' ('... up to 64 rows, on AMX tiles from 4 ...' where its product runs there, '... by VNNI
+        from 8 ...')."""
         forward = f" · {self.forward} forward" if self.forward else ""
-        tiles = f", on AMX tiles from {self.greedy_copy_tile_rows}" if self.greedy_copy_tile_rows is not None else ""
+        way = COPY_PRODUCTS.get(self.greedy_copy_tiles or "amx", self.greedy_copy_tiles)
+        tiles = f", {way} from {self.greedy_copy_tile_rows}" if self.greedy_copy_tile_rows is not None else ""
         copy = f" · output copy up to {self.greedy_copy_rows} rows{tiles}" if self.greedy_copy_rows is not None else ""
         drafting = f" · drafting in {self.draft_kernels.kernels}" if self.draft_kernels is not None else ""
         pages = " · weights on huge pages" if self.huge_pages else ""
@@ -220,6 +225,7 @@ class MachineRecord:
             d["greedy_copy_rows"] = self.greedy_copy_rows
         if self.greedy_copy_tile_rows is not None:
             d["greedy_copy_tile_rows"] = self.greedy_copy_tile_rows
+            d["greedy_copy_tiles"] = self.greedy_copy_tiles
         if self.huge_pages is not None:
             d["huge_pages"] = self.huge_pages
         return d
@@ -238,4 +244,5 @@ class MachineRecord:
             forward=str(d.get("forward") or ""),
             greedy_copy_rows=_int_or_none(d.get("greedy_copy_rows")),
             greedy_copy_tile_rows=_int_or_none(d.get("greedy_copy_tile_rows")),
-            huge_pages=bool(d["huge_pages"]) if d.get("huge_pages") is not None else None)
+            huge_pages=bool(d["huge_pages"]) if d.get("huge_pages") is not None else None,
+            greedy_copy_tiles=str(d.get("greedy_copy_tiles") or ""))

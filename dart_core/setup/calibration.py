@@ -162,8 +162,8 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
 def measure_greedy_copy(target: TargetModel, rows: tuple[int, ...] = GREEDY_COPY_ROWS, context: int = CURVE_CONTEXT,
                         rounds: int = CURVE_ROUNDS) -> dict:
     """Seconds of a greedy verify of k tokens after `context` tokens with the output layer read whole ("full") and
-    from its copy (dart_core.greedy_output) by fp32 FMAs ("copy") and, where it has them, on AMX tiles ("tiles"), side
-    by side: the median of `rounds` interleaved passes after a warm-up."""
+    from its copy (dart_core.greedy_output) by fp32 FMAs ("copy") and, where it has one, by its integer product
+    ("tiles": on AMX tiles or by VNNI), side by side: the median of `rounds` interleaved passes after a warm-up."""
     native = target.lean.native
     copy = native.greedy
     kept = native.greedy_rows, copy.tile_rows
@@ -184,8 +184,8 @@ def measure_greedy_copy(target: TargetModel, rows: tuple[int, ...] = GREEDY_COPY
 
 @dataclass(frozen=True)
 class CopyChoice:
-    """Where greedy steps read the output layer's copy: up to `rows` rows (0: never), on AMX tiles from `tile_rows`
-    rows (None: never)."""
+    """Where greedy steps read the output layer's copy: up to `rows` rows (0: never), by its integer product (on AMX
+    tiles or by VNNI) from `tile_rows` rows (None: never)."""
     rows: int
     tile_rows: int | None = None
 
@@ -209,7 +209,7 @@ def copy_choice(record: dict) -> CopyChoice:
 
 
 def greedy_copy_choice(target: TargetModel, recalibrate: bool = False) -> CopyChoice | None:
-    """Up to how many rows greedy steps read the output layer's copy here, and from how many on its AMX tiles
+    """Up to how many rows greedy steps read the output layer's copy here, and from how many by its integer product
     (measured once, cached); None where the C layer has no copy (no C layer, or an output bias)."""
     native = target.lean.native if target.lean is not None else None
     if native is None or native.greedy is None:
@@ -243,7 +243,7 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
                          dtype_spelling(target.dtype), target.dtype_choice,
                          cost_curve(target, model_name) if with_curve else None, draft_kernels,
                          target.forward_kind, target.greedy_copy_rows, target.greedy_copy_tile_rows,
-                         target.huge_pages)
+                         target.huge_pages, target.greedy_copy_tiles)
 
 
 INT8_MARGIN = 0.9      # int8 weights (whose rows differ a little) must take at most this share of the others' best
