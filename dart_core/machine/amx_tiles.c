@@ -196,11 +196,12 @@ static inline v16i dot4(v16i acc, v16i u, v16i w) {
    each output's sum of weights. R and two are constants where it is called: the sums stay in registers. */
 static inline __attribute__((always_inline)) void vnni_pass(const int R, const int two, const unsigned char *u1,
                                                             const unsigned char *u2, long Kp, const signed char *a,
-                                                            const signed char *b, int *c1a, int *c2a, int *c1b,
-                                                            int *c2b) {
+                                                            const signed char *b, const char *ahead, int *c1a,
+                                                            int *c2a, int *c1b, int *c2b) {
     v16i s1a[VNNI_ROWS], s2a[VNNI_ROWS], s1b[VNNI_ROWS], s2b[VNNI_ROWS];
     for (int m = 0; m < R; m++) s1a[m] = s2a[m] = s1b[m] = s2b[m] = (v16i){0};
     for (long t = 0; t < Kp / 4; t++) {   /* a tile row: inputs 4t .. 4t + 3 of 16 outputs */
+        if (ahead) __builtin_prefetch(ahead + 128 * t, 0, 3), __builtin_prefetch(ahead + 128 * t + 64, 0, 3);
         v16i wa, wb = {0};
         memcpy(&wa, a + 64 * t, sizeof wa);
         if (two) memcpy(&wb, b + 64 * t, sizeof wb);
@@ -220,12 +221,12 @@ static inline __attribute__((always_inline)) void vnni_pass(const int R, const i
 
 #define VNNI_PASS(R)                                                                                         \
     case R:                                                                                                  \
-        if (two) vnni_pass(R, 1, u1, u2, Kp, a, b, c1a, c2a, c1b, c2b);                                      \
-        else vnni_pass(R, 0, u1, u2, Kp, a, b, c1a, c2a, c1b, c2b);                                          \
+        if (two) vnni_pass(R, 1, u1, u2, Kp, a, b, ahead, c1a, c2a, c1b, c2b);                               \
+        else vnni_pass(R, 0, u1, u2, Kp, a, b, ahead, c1a, c2a, c1b, c2b);                                   \
         break;
 
 static void vnni_rows(int R, int two, const unsigned char *u1, const unsigned char *u2, long Kp, const signed char *a,
-                      const signed char *b, int *c1a, int *c2a, int *c1b, int *c2b) {
+                      const signed char *b, const char *ahead, int *c1a, int *c2a, int *c1b, int *c2b) {
     switch (R) { VNNI_PASS(1) VNNI_PASS(2) VNNI_PASS(3) VNNI_PASS(4) VNNI_PASS(5) VNNI_PASS(6) }
 }
 
@@ -238,10 +239,13 @@ static void blocks_vnni(const unsigned char *u1, const unsigned char *u2, long r
     for (long blk = lo; blk < hi; blk += 2) {
         int two = blk + 1 < hi;
         const signed char *a = tiles + blk * chunks * TILE_BYTES, *b = a + chunks * TILE_BYTES;
+        /* the first pass fetches the next two blocks while it computes (the rest read these from the caches) */
+        const char *next = blk + 2 < hi ? (const char *)(a + 2 * chunks * TILE_BYTES) : NULL;
         for (long m0 = 0; m0 < rows; m0 += VNNI_ROWS) {
             int R = rows - m0 < VNNI_ROWS ? (int)(rows - m0) : VNNI_ROWS;
             long at = m0 * TILE_N;
-            vnni_rows(R, two, u1 + m0 * Kp, u2 + m0 * Kp, Kp, a, b, c[0] + at, c[1] + at, c[2] + at, c[3] + at);
+            vnni_rows(R, two, u1 + m0 * Kp, u2 + m0 * Kp, Kp, a, b, m0 ? NULL : next, c[0] + at, c[1] + at,
+                      c[2] + at, c[3] + at);
         }
         for (int p = 0; p < (two ? 2 : 1); p++) {
             const int *sum = sums + (blk + p) * TILE_N;
