@@ -3,6 +3,7 @@ by AVX-512 VNNI, and on AMX tiles (dart_core/greedy_output.py, machine/amx_tiles
 
     python -m studies.copy_products                   # the default model; 1 to 32 rows
     python -m studies.copy_products --rows 1,8,16 --rounds 25
+    python -m studies.copy_products --build avx2-vnni  # the C layer as an AVX2 CPU with AVX-VNNI builds it
 
 Two tables, median ms: the greedy choice alone (x of k random rows, every way giving the same choices), and a whole
 greedy verify of k rows after a context of 256 with the C layer (calibration's interleaved passes), where the layers
@@ -18,8 +19,8 @@ import numpy as np
 import torch
 
 from dart_core.greedy_output import GreedyOutput
-from dart_core.lean_native import GREEDY_COPY
-from dart_core.machine import amx_tiles
+from dart_core.lean_native import GREEDY_COPY, NativeLayers
+from dart_core.machine import amx_tiles, few_rows
 from dart_core.setup.calibration import _verify_times
 from dart_core.setup.loading import load_target
 from dart_core.setup.models import DEFAULT_MODEL
@@ -80,15 +81,22 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="1,4,8,12,16,32")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--build", help="the kernels built as for this kind (dart_core/machine/few_rows.py's MARCH, "
+                                        "e.g. avx2-vnni) instead of for this machine")
     args = parser.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",")]
     target = load_target(DEFAULT_MODEL, "cpu", "fp32", False)
     native = target.lean.native if target.lean is not None else None
     if native is None or native.greedy is None:
         raise SystemExit("no C layer with an output copy here: nothing to compare")
+    if args.build:
+        kernel = few_rows.kernel(args.build)
+        if kernel is None:
+            raise SystemExit(f"the {args.build} build: {few_rows.why_not(args.build)}")
+        native = target.lean.native = NativeLayers(target.lean, kernel)
     ways = ways_here(native.kernel)
     by_way = copies(target.lean.output.weight, native.kernel, ways)
-    print(f"ways here: {', '.join(ways)}; {torch.get_num_threads()} threads")
+    print(f"ways here: {', '.join(ways)}; {torch.get_num_threads()} threads; the {args.build or 'native'} build")
     print(table("The greedy choice alone, ms", rows, choice_alone(by_way, target.lean.output.weight.shape[1], rows,
                                                                    args.rounds)))
     print(table("A greedy verify after 256 tokens, ms", rows, in_a_verify(target, by_way, rows, args.rounds)))

@@ -20,7 +20,8 @@
 
    A CPU with AVX-512 VNNI but no AMX (AMD's Zen 4, Intel's Ice Lake) computes the same sums from the same tiles by
    VPDPBUSD, 64 products an instruction where the FMAs on the widened copy make 16 (blocks_vnni): a tile's row of 16
-   outputs by 4 inputs is one vector, each row of x's 4 digits one broadcast. VPDPBUSD multiplies unsigned bytes by
+   outputs by 4 inputs is one vector, each row of x's 4 digits one broadcast; one with AVX-VNNI and no AVX-512 (Intel's
+   client cores since Alder Lake) by its 256-bit form, two instructions a tile's row. VPDPBUSD multiplies unsigned bytes by
    signed ones, so the digits go in plus 128 and 128 times each output's sum of weights comes off: the same exact
    integers. Where the build has no VNNI, the same loop runs with the instruction written out in plain C (the tests
    run it on every machine). */
@@ -38,7 +39,11 @@
 #define TILES_BUILT 0
 #endif
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
-#define VNNI_BUILT 1
+#define VNNI_BUILT 512   /* AVX-512 VNNI */
+#elif defined(__AVXVNNI__) || defined(VNNI_256_STAND_IN)
+#define VNNI_BUILT 256   /* AVX-VNNI: the same instruction on 256 bits, on CPUs without AVX-512 (Intel's since Alder Lake);
+                            VNNI_256_STAND_IN: its loop with the instruction written out (few_rows.py's avx2-vnni build
+                            where the CPU has no AVX-VNNI, for the tests) */
 #else
 #define VNNI_BUILT 0
 #endif
@@ -176,11 +181,11 @@ static void blocks_plain(const signed char *d1, const signed char *d2, long rows
 typedef int v16i __attribute__((vector_size(64)));
 typedef unsigned v16u __attribute__((vector_size(64)));
 
-int vnni_built(void) { return VNNI_BUILT; }
+int vnni_built(void) { return VNNI_BUILT; }   /* the vectors' bits, 0 for none */
 
 /* acc plus, lane by lane, the four products of u's bytes (unsigned) by w's (signed): VPDPBUSD, or its integers. */
 static inline v16i dot4(v16i acc, v16i u, v16i w) {
-#if VNNI_BUILT
+#if VNNI_BUILT == 512
     return (v16i)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, (__m512i)w);
 #else
     for (int i = 0; i < 4; i++)
@@ -225,9 +230,52 @@ static inline __attribute__((always_inline)) void vnni_pass(const int R, const i
         else vnni_pass(R, 0, u1, u2, Kp, a, b, ahead, c1a, c2a, c1b, c2b);                                   \
         break;
 
+#if VNNI_BUILT == 256
+typedef int v8i __attribute__((vector_size(32)));
+typedef unsigned v8u __attribute__((vector_size(32)));
+
+static inline v8i dot4_256(v8i acc, v8i u, v8i w) {   /* dot4 on 8 lanes */
+#ifdef __AVXVNNI__
+    return (v8i)_mm256_dpbusd_avx_epi32((__m256i)acc, (__m256i)u, (__m256i)w);
+#else
+    for (int i = 0; i < 4; i++)
+        acc += (v8i)(((v8u)u >> (8 * i)) & 0xff) * ((v8i)((v8u)w << (24 - 8 * i)) >> 24);
+    return acc;
+#endif
+}
+
+/* AVX-VNNI's 16 registers hold the sums of one row: its pass, each tile row's 64 bytes as two halves. */
+static void vnni_row256(const unsigned char *u1, const unsigned char *u2, long Kp, const signed char *a,
+                        const signed char *b, int two, const char *ahead, int *c1a, int *c2a, int *c1b, int *c2b) {
+    v8i s[8] = {{0}};   /* [block a, b][digit 1, 2][half] */
+    for (long t = 0; t < Kp / 4; t++) {
+        if (ahead) __builtin_prefetch(ahead + 128 * t, 0, 3), __builtin_prefetch(ahead + 128 * t + 64, 0, 3);
+        int x1, x2;
+        memcpy(&x1, u1 + 4 * t, 4), memcpy(&x2, u2 + 4 * t, 4);
+        v8i d1 = (v8i){0} + x1, d2 = (v8i){0} + x2, w0, w1;
+        for (int blk = 0; blk < (two ? 2 : 1); blk++) {
+            const signed char *w = (blk ? b : a) + 64 * t;
+            memcpy(&w0, w, sizeof w0), memcpy(&w1, w + 32, sizeof w1);
+            v8i *acc = s + 4 * blk;
+            acc[0] = dot4_256(acc[0], d1, w0), acc[1] = dot4_256(acc[1], d1, w1);
+            acc[2] = dot4_256(acc[2], d2, w0), acc[3] = dot4_256(acc[3], d2, w1);
+        }
+    }
+    int *out[4] = {c1a, c2a, c1b, c2b};
+    for (int i = 0; i < (two ? 4 : 2); i++)
+        memcpy(out[i], &s[2 * i], sizeof s[0]), memcpy(out[i] + 8, &s[2 * i + 1], sizeof s[0]);
+}
+#endif
+
 static void vnni_rows(int R, int two, const unsigned char *u1, const unsigned char *u2, long Kp, const signed char *a,
                       const signed char *b, const char *ahead, int *c1a, int *c2a, int *c1b, int *c2b) {
+#if VNNI_BUILT == 256
+    for (int m = 0; m < R; m++)
+        vnni_row256(u1 + m * Kp, u2 + m * Kp, Kp, a, b, two, m ? NULL : ahead, c1a + m * TILE_N, c2a + m * TILE_N,
+                    c1b + m * TILE_N, c2b + m * TILE_N);
+#else
     switch (R) { VNNI_PASS(1) VNNI_PASS(2) VNNI_PASS(3) VNNI_PASS(4) VNNI_PASS(5) VNNI_PASS(6) }
+#endif
 }
 
 /* The blocks lo .. hi - 1 for the rows of a group (u1, u2: their digits + 128), two blocks at a time; sums: each

@@ -20,7 +20,8 @@ def usable(kernel: FewRowsKernel) -> bool:
 
 
 def vnni_usable(kernel: FewRowsKernel) -> bool:
-    """Whether our kernels were built with AVX-512 VNNI (for this CPU: it has them)."""
+    """Whether our kernels were built with VNNI: AVX-512's, or AVX-VNNI's 256 bits on a CPU without AVX-512 (for this
+    CPU: it has them)."""
     return bool(kernel.lib.vnni_built())
 
 
@@ -34,7 +35,7 @@ def tiles_mode(kernel: FewRowsKernel, asked: str) -> str:
     if asked == "amx" and not usable(kernel):
         raise ValueError("AMX tiles are not available here (the CPU, the compiler or the OS)")
     if asked == "vnni" and not vnni_usable(kernel):
-        raise ValueError("AVX-512 VNNI is not available here (the CPU or the build)")
+        raise ValueError("VNNI is not available here (the CPU or the build)")
     return asked
 
 
