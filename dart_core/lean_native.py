@@ -12,7 +12,9 @@ tree's rows get exactly the logits plain decoding gets for the same prefix (test
 A bf16 model's weights are read in bf16 (widened exactly as they are loaded: half the bytes of fp32), its activations,
 keys and values kept in fp32: a bf16 model's steps cost about half its fp32 steps, and, every row computed alone, DART
 in bf16 is token-identical to plain decoding in bf16 too (a bf16 prefill writes its keys and values into the fp32
-cache: LeanForward.new_cache).
+cache: LeanForward.new_cache). On a CPU with AMX a bf16 model's products run on AMX tiles instead (machine/amx_tiles.c:
+each row's input rounded to bf16, as torch's bf16 products round it), where many rows cost hardly more than one: a
+verified tree costs little more than a plain step (docs/cpu-speed.md, section 17).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 from .acceptance import greedy_ids
 from .greedy_output import GreedyOutput
 from .lean_forward import LeanForward, attention_shape
-from .machine import huge_pages
+from .machine import amx_tiles, huge_pages
 from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel, PackedWeight
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
@@ -31,6 +33,7 @@ WEIGHT_DTYPES = (torch.float32, torch.bfloat16)   # the weights the C layer read
 MIN_TABLE = 1024          # positions the rotation table starts with (it doubles when a run goes past it)
 HEAD_DIM_STEP, MAX_HEAD_DIM = 16, 512   # the head sizes the C attention takes (lean_layer.c: VW, MAX_HEAD_DIM)
 GREEDY_COPY = torch.int8   # the output layer's copy greedy steps read (greedy_output.py; docs/cpu-speed.md, section 11)
+BF16_TILES = 3             # lean_layer.c's kind of weights for a bf16 model's products on AMX tiles
 
 
 def unsupported(model, hardware) -> str | None:
@@ -67,10 +70,14 @@ def head_size_refused(head_dim: int) -> str | None:
 class NativeLayers:
     """The lean forward's layers packed for the C layer, the rotation table, and the step that runs them."""
 
-    def __init__(self, lean, kernel: FewRowsKernel):
+    def __init__(self, lean, kernel: FewRowsKernel, tiles: bool | None = None):
+        """tiles: a bf16 model's products on AMX tiles (None: where this CPU lets our kernels use AMX; True where it
+        does not runs their plain-C stand-in, slowly: the tests' way)."""
         self.lean, self.kernel = lean, kernel
         self.max_rows = NATIVE_ROWS
         self.weights = lean.embed.dtype            # fp32 or bf16, as the model's
+        self.tiles = self.weights == torch.bfloat16 and (amx_tiles.usable(kernel) if tiles is None else tiles)
+        self.weight_kind = BF16_TILES if self.tiles else WEIGHT_KINDS[self.weights]
         self.norm_out = _flat(lean.norm_out)
         self.layers = [self._packed(w) for w in lean.layers]
         self.output = kernel.pack(lean.output.weight, self.weights)
@@ -87,6 +94,8 @@ class NativeLayers:
     def _packed(self, w) -> tuple[list, list[int | None]]:
         """The layer's tensors (kept alive here) and their addresses, in lean_layer's order."""
         def pack(linear):
+            if self.tiles:
+                return PackedWeight(amx_tiles.bf16_tiles(linear.weight), linear.out_features)
             return self.kernel.pack(linear.weight, self.weights)
 
         kept = [_flat(w.norm_in), pack(w.qkv), _flat(w.qkv.bias), _flat(w.qk_norm), pack(w.o), _flat(w.o.bias),
@@ -121,7 +130,7 @@ class NativeLayers:
         layer_floats = KV * cap * d
         captured = {}
         rows = (hidden.data_ptr(), None, cos.data_ptr(), sin.data_ptr(), _ptr(block))   # None: h's own norm
-        sizes = (scratch.data_ptr(), n, D, D, H, KV, d, I, past, cap, lean.eps, threads, WEIGHT_KINDS[self.weights])
+        sizes = (scratch.data_ptr(), n, D, D, H, KV, d, I, past, cap, lean.eps, threads, self.weight_kind)
         for i, (_, weights) in enumerate(self.layers):
             if i in taps:
                 captured[i] = hidden.clone()

@@ -61,20 +61,21 @@ class TargetModel:
         self.greedy_copy_rows: int | None = None   # measured: greedy steps of up to these rows read the output copy
         self._copy_tile_rows: int | None = 1        # ... and from these rows on its integer product (AMX or VNNI)
 
-    def use_lean(self, on: bool = True, graphs: bool = True) -> str | None:
+    def use_lean(self, on: bool = True, graphs: bool = True, tiles: bool | None = None) -> str | None:
         """Decode through the lean forward over a static cache (dart_core.lean_forward) where this model's family
         allows it; off: transformers' forward. graphs: its steps captured as CUDA graphs on a GPU, and on a CPU in fp32
         its decode and verify steps in our C layer where it was built (dart_core.lean_native); False: torch's
-        operations, eagerly. Returns why it is off (None when on). Call before `use_kernels`: the plan chooses
-        kernels for the lean forward's fused projections (none where the C layer computes them)."""
+        operations, eagerly. tiles: in the C layer, a bf16 model's products on AMX tiles (None: where usable).
+        Returns why it is off (None when on). Call before `use_kernels`: the plan chooses kernels for the lean
+        forward's fused projections (none where the C layer computes them)."""
         why = LeanForward.unsupported(self.model) if on else "off by request"
         self.lean = LeanForward(self.model, self.taps) if why is None else None
-        self._lean_made = (weights_version(self.model), graphs)
+        self._lean_made = (weights_version(self.model), graphs, tiles)
         if self.lean is not None and not graphs:
             self.lean.graphs = OFF
         if self.lean is not None and graphs and native_unsupported(self.model, self.hardware) is None:
             kernel = few_rows.kernel(self.hardware.kind)
-            self.lean.native = NativeLayers(self.lean, kernel) if kernel is not None else None
+            self.lean.native = NativeLayers(self.lean, kernel, tiles) if kernel is not None else None
             self.use_greedy_copy(self.greedy_copy_rows, self._copy_tile_rows)
         return why
 
@@ -98,6 +99,12 @@ class TargetModel:
         """Whether the C layer's weights are on huge pages (dart_core.machine.huge_pages); None: no C layer."""
         native = self._native
         return native.huge_pages if native is not None else None
+
+    @property
+    def bf16_tiles(self) -> bool:
+        """Whether the C layer computes this bf16 model's products on AMX tiles (dart_core.lean_native)."""
+        native = self._native
+        return bool(native is not None and native.tiles)
 
     @property
     def greedy_copy_tile_rows(self) -> int | None:
@@ -153,10 +160,10 @@ class TargetModel:
     def _refresh_lean(self) -> None:
         """The lean forward decodes from copies of the weights (fused projections, the C layer's packing): where the
         model's weights changed in place since they were made, they are made again before the next decode."""
-        versions, graphs = self._lean_made
+        versions, graphs, tiles = self._lean_made
         if weights_version(self.model) != versions:
             plan = self.fast_linears.plan if self.fast_linears is not None else None
-            self.use_lean(True, graphs)
+            self.use_lean(True, graphs, tiles)
             self.use_kernels(plan)
 
     def release(self, cache: DynamicCache | StaticKV) -> None:

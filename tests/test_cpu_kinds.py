@@ -46,6 +46,7 @@ ON_ATEN_KINDS = [
     "tests/test_few_rows.py::test_wherever_a_c_compiler_is_found_the_kernels_build",
     "tests/test_few_rows.py::test_it_computes_what_torch_computes_for_any_shape_rows_and_bias",
     "tests/test_few_rows.py::test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count",
+    "tests/test_few_rows.py::test_bf16_tiles_give_bf16_inputs_product_each_row_alone",
     "tests/test_few_rows.py::test_the_kernel_shares_torchs_openmp_runtime",
     "tests/test_few_rows.py::test_bf16_weights_give_the_fp32_product_of_the_widened_weights",
     "tests/test_few_rows.py::test_int8_weights_give_the_product_of_their_scaled_values",

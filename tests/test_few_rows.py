@@ -119,6 +119,35 @@ def test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count(
             torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("amx", [True, False])
+def test_bf16_tiles_give_bf16_inputs_product_each_row_alone(amx):
+    """A bf16 model's product on AMX tiles (amx_tiles.c; its plain-C stand-in where AMX is not usable, or not asked
+    for): each row of x rounded to bf16, times the weight, summed in fp32, plus the bias: within fp32's rounding of the
+    exact sum, for shapes that fill no tile evenly, and every row alone the same bits as among others."""
+    kernel = real_or_why()
+    if kernel is None:
+        return
+    from dart_core.machine import amx_tiles
+    gen = torch.Generator().manual_seed(9)
+    for n, k in [(300, 64), (37, 130), (16, 3), (257, 576)]:
+        weight = torch.randn(n, k, generator=gen).bfloat16()
+        tiles, bias = amx_tiles.bf16_tiles(weight), torch.randn(n, generator=gen)
+        x = torch.randn(19, k, generator=gen) * 3
+
+        def product(rows: torch.Tensor) -> torch.Tensor:
+            y = torch.empty(rows.shape[0], n)
+            kernel.lib.bf16_tiles_linear(rows.data_ptr(), tiles.data_ptr(), bias.data_ptr(), y.data_ptr(),
+                                         rows.shape[0], k, n, 2, int(amx))
+            return y
+        y = product(x)
+        terms = x.bfloat16().double()[:, None, :] * weight.double()[None]          # [rows, n, k], each exact
+        exact = terms.sum(-1) + bias.double()
+        bound = (k + 2) * 2.0 ** -24 * (terms.abs().sum(-1) + bias.double().abs())  # any order of fp32 additions
+        assert ((y.double() - exact).abs() <= bound).all()
+        for i in (0, 5, 18):
+            assert torch.equal(product(x[i:i + 1].contiguous())[0], y[i])
+
+
 @pytest.mark.parametrize("columns", [1, 15, 16, 17, 100, 49152])
 def test_the_argmax_picks_what_torchs_max_picks(columns):
     """Greedy decoding's choice from a verify's logits: the first of equal maxima, a NaN above every number, an all

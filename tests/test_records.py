@@ -125,6 +125,13 @@ def test_the_output_copys_rows_keep_their_file_form_and_their_words():
     assert MachineRecord.from_dict(older).text() == tiles.text()
 
 
+def test_a_bf16_models_tiles_keep_their_file_form_and_their_words():
+    tiles = MachineRecord(summary="a CPU", dtype="bf16", forward="lean-native", bf16_tiles=True)
+    assert through_json(tiles) == tiles
+    assert tiles.text() == "a CPU · bf16 · lean-native forward · bf16 products on AMX tiles"
+    assert "bf16_tiles" not in MachineRecord(summary="a CPU").to_dict()   # records without them read as before
+
+
 def test_the_weights_pages_keep_their_file_form_and_their_words():
     huge = MachineRecord(summary="a CPU", forward="lean-native", huge_pages=True)
     assert through_json(huge) == huge and huge.to_dict()["huge_pages"] is True

@@ -407,3 +407,147 @@ void int8_tiles_product(const float *x, const signed char *tiles, const int *sum
     (void)amx;
     free(d), free(s);
 }
+
+/* ------------------------------------------------------------------------------ a bf16 model's products on tiles */
+
+/* A bf16 model's linears (lean_layer.c's BF16_TILES weights): y = bf16(x) w^T (+ b), on AMX tiles. The weight is
+   packed as tiles of 16 outputs by 32 inputs, [ceil(N / 16)][ceil(K / 32)][16 input pairs][16 outputs][2] (zeros
+   past the edges); each row of x is rounded to bf16 (to nearest, ties to even) and TDPBF16PS sums its products with
+   the weights into fp32, input by input in ascending order, each addition rounded: every row of x alone, whatever
+   rows come with it, so a tree's rows get what a one-row step gets. Unlike the FMAs on the widened weights (fp32 x),
+   x is rounded to bf16 first, as a bf16 model's products in torch are; 16 rows cost hardly more than one. Where AMX
+   is not usable the same sums are computed one by one in plain C (the stand-in: TDPBF16PS's arithmetic, inputs and
+   results below fp32's normal range taken as zero, as it takes them). */
+#define PAIR_K 32          /* inputs per tile: 16 tile rows of 2 */
+
+static inline unsigned short bf16_of(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);   /* a NaN stays one */
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float flushed(float f) {   /* below the normal range: zero, its sign kept */
+    unsigned u;
+    memcpy(&u, &f, 4);
+    if (!(u & 0x7f800000u)) u &= 0x80000000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float widened(unsigned short h) {
+    unsigned u = (unsigned)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return flushed(f);
+}
+
+/* The stand-in: the rows' sums for blocks lo .. hi - 1, input by input. */
+static void bf16_blocks_plain(const unsigned short *xa, long rows, long Kp, const unsigned short *tiles, long lo,
+                              long hi, long N, const float *b, float *y) {
+    long chunks = Kp / PAIR_K;
+    for (long blk = lo; blk < hi; blk++) {
+        float c[GROUP_ROWS * TILE_N] = {0};
+        for (long ch = 0; ch < chunks; ch++) {
+            const unsigned short *t = tiles + (blk * chunks + ch) * (TILE_BYTES / 2);
+            for (long m = 0; m < rows; m++)
+                for (long n = 0; n < TILE_N; n++) {
+                    float acc = c[m * TILE_N + n];
+                    for (long r = 0; r < PAIR_K / 2; r++)
+                        for (int i = 0; i < 2; i++) {
+                            float a = widened(xa[m * Kp + ch * PAIR_K + 2 * r + i]);
+                            acc = flushed(acc + a * widened(t[(r * TILE_N + n) * 2 + i]));
+                        }
+                    c[m * TILE_N + n] = acc;
+                }
+        }
+        long first = blk * TILE_N, width = N - first < TILE_N ? N - first : TILE_N;
+        for (long m = 0; m < rows; m++)
+            for (long n = 0; n < width; n++) y[m * N + first + n] = c[m * TILE_N + n] + (b ? b[first + n] : 0.0f);
+    }
+}
+
+#if TILES_BUILT
+/* Tiles 0, 1: two blocks' sums; 4: the rows' inputs of a chunk; 6, 7: the two blocks' weights. */
+static void bf16_blocks_amx(const unsigned short *xa, long rows, long Kp, const unsigned short *tiles, long lo,
+                            long hi, long N, const float *b, float *y) {
+    long chunks = Kp / PAIR_K;
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = (t < 2 || t == 4) ? (unsigned char)rows : 16;
+    _tile_loadconfig(&cfg);
+    float c[2][GROUP_ROWS * TILE_N];
+    const char *next = (const char *)(tiles + lo * chunks * (TILE_BYTES / 2));
+    const char *end = (const char *)(tiles + hi * chunks * (TILE_BYTES / 2));
+    for (long l = 0; l < AHEAD && next + l < end; l += 64) __builtin_prefetch(next + l, 0, 3);
+    next += AHEAD;
+    for (long blk = lo; blk < hi; blk += 2) {
+        int two = blk + 1 < hi;
+        const unsigned short *wa = tiles + blk * chunks * (TILE_BYTES / 2), *wb = wa + chunks * (TILE_BYTES / 2);
+        _tile_zero(0);
+        _tile_zero(1);
+        for (long k = 0; k < chunks; k++) {
+            for (int l = 0; l < (two ? 2 : 1) * TILE_BYTES; l += 64) __builtin_prefetch(next + l, 0, 3);
+            next += (two ? 2 : 1) * TILE_BYTES;
+            _tile_loadd(4, xa + k * PAIR_K, Kp * 2);
+            _tile_loadd(6, wa + k * (TILE_BYTES / 2), 64);
+            _tile_dpbf16ps(0, 4, 6);
+            if (two) {
+                _tile_loadd(7, wb + k * (TILE_BYTES / 2), 64);
+                _tile_dpbf16ps(1, 4, 7);
+            }
+        }
+        _tile_stored(0, c[0], 64);
+        if (two) _tile_stored(1, c[1], 64);
+        for (int p = 0; p < (two ? 2 : 1); p++) {
+            long first = (blk + p) * TILE_N, width = N - first < TILE_N ? N - first : TILE_N;
+            for (long m = 0; m < rows; m++)
+                for (long n = 0; n < width; n++)
+                    y[m * N + first + n] = c[p][m * TILE_N + n] + (b ? b[first + n] : 0.0f);
+        }
+    }
+    _tile_release();
+}
+#endif
+
+/* y [M, N] = bf16(x) [M, K] times the tiles' weight (+ b: N floats or NULL), on AMX where `amx` asks and it is
+   usable, else by the stand-in. x, y contiguous. */
+void bf16_tiles_linear(const float *x, const unsigned short *tiles, const float *b, float *y, long M, long K, long N,
+                       int threads, int amx) {
+    long Kp = (K + PAIR_K - 1) / PAIR_K * PAIR_K, blocks = (N + TILE_N - 1) / TILE_N;
+    unsigned short *xa = malloc(M * Kp * sizeof(unsigned short));
+    if (!xa) {   /* no memory for a few kilobytes: y is left NaN, which the caller's choice reports */
+        for (long i = 0; i < M * N; i++) y[i] = NAN;
+        return;
+    }
+    for (long m = 0; m < M; m++)
+        for (long k = 0; k < Kp; k++) xa[m * Kp + k] = k < K ? bf16_of(x[m * K + k]) : 0;
+    amx = amx && amx_tiles_usable();
+    _Pragma("omp parallel num_threads(threads)") {
+        int t = 0, T = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num(), T = omp_get_num_threads();
+#endif
+        long lo = blocks * t / T, hi = blocks * (t + 1) / T;
+        for (long m0 = 0; m0 < M; m0 += GROUP_ROWS) {
+            long rows = M - m0 < GROUP_ROWS ? M - m0 : GROUP_ROWS;
+#if TILES_BUILT
+            if (amx) {
+                bf16_blocks_amx(xa + m0 * Kp, rows, Kp, tiles, lo, hi, N, b, y + m0 * N);
+                continue;
+            }
+#endif
+            bf16_blocks_plain(xa + m0 * Kp, rows, Kp, tiles, lo, hi, N, b, y + m0 * N);
+        }
+    }
+    free(xa);
+}
+
+/* The bytes [*start, *end) of a tiles' weight [K -> N] that thread t of T reads in bf16_tiles_linear. */
+void bf16_tiles_share(const void *tiles, long K, long N, int t, int T, const char **start, const char **end) {
+    long chunks = (K + PAIR_K - 1) / PAIR_K, blocks = (N + TILE_N - 1) / TILE_N;
+    long lo = blocks * t / T, hi = blocks * (t + 1) / T;
+    *start = (const char *)tiles + lo * chunks * TILE_BYTES, *end = (const char *)tiles + hi * chunks * TILE_BYTES;
+}
+

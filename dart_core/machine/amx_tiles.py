@@ -10,6 +10,7 @@ from . import huge_pages
 from .few_rows import FewRowsKernel, PackedWeight
 
 TILE_N, TILE_K = 16, 64      # outputs and int8 inputs per tile (16 rows of 4)
+PAIR_K = 32                  # bf16 inputs per tile (16 rows of 2)
 # how a product runs: not from the tiles (the FMAs), on AMX, by the plain-C stand-in, or by VNNI (amx_tiles.c's modes)
 MODES = {"off": 0, "amx": 1, "stand-in": 2, "vnni": 3}
 
@@ -48,6 +49,16 @@ def int8_tiles(copy: PackedWeight, k: int) -> torch.Tensor:
     padded[:n, :k] = q
     b, c = padded.shape[0] // TILE_N, padded.shape[1] // TILE_K
     return huge_pages.copy_of(padded.view(b, TILE_N, c, TILE_K // 4, 4).permute(0, 2, 3, 1, 4))
+
+
+def bf16_tiles(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 weight [N, K] as the tiles of amx_tiles.c's bf16 product, [ceil(N / 16), ceil(K / 32), 16, 16, 2]: for each
+    block of 16 outputs and chunk of 32 inputs, 16 pairs of inputs of every output."""
+    n, k = weight.shape
+    padded = torch.zeros(-(-n // TILE_N) * TILE_N, -(-k // PAIR_K) * PAIR_K, dtype=torch.bfloat16)
+    padded[:n, :k] = weight.detach()
+    b, c = padded.shape[0] // TILE_N, padded.shape[1] // PAIR_K
+    return huge_pages.copy_of(padded.view(b, TILE_N, c, PAIR_K // 2, 2).permute(0, 2, 3, 1, 4))
 
 
 def tile_sums(tiles: torch.Tensor) -> torch.Tensor:

@@ -201,6 +201,7 @@ class MachineRecord:
     greedy_copy_tile_rows: int | None = None   # ... computing its integer product from these rows (measured)
     huge_pages: bool | None = None   # the C layer's weights on huge pages (machine/huge_pages.py); None: no C layer
     greedy_copy_tiles: str = ""      # that product's way: "amx" or "vnni" (records older than VNNI: AMX)
+    bf16_tiles: bool = False         # a bf16 model's products on AMX tiles (lean_native.py)
 
     def text(self) -> str:
         """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · output copy up to 16 rows
@@ -212,7 +213,8 @@ class MachineRecord:
         copy = f" · output copy up to {self.greedy_copy_rows} rows{tiles}" if self.greedy_copy_rows is not None else ""
         drafting = f" · drafting in {self.draft_kernels.kernels}" if self.draft_kernels is not None else ""
         pages = " · weights on huge pages" if self.huge_pages else ""
-        return f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{copy}{drafting}{pages}"
+        tiles = " · bf16 products on AMX tiles" if self.bf16_tiles else ""
+        return f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{tiles}{copy}{drafting}{pages}"
 
     def to_dict(self) -> dict:
         d = {"hardware": self.hardware.to_dict(), "summary": self.summary,
@@ -228,6 +230,8 @@ class MachineRecord:
             d["greedy_copy_tiles"] = self.greedy_copy_tiles
         if self.huge_pages is not None:
             d["huge_pages"] = self.huge_pages
+        if self.bf16_tiles:
+            d["bf16_tiles"] = True
         return d
 
     @classmethod
@@ -245,4 +249,4 @@ class MachineRecord:
             greedy_copy_rows=_int_or_none(d.get("greedy_copy_rows")),
             greedy_copy_tile_rows=_int_or_none(d.get("greedy_copy_tile_rows")),
             huge_pages=bool(d["huge_pages"]) if d.get("huge_pages") is not None else None,
-            greedy_copy_tiles=str(d.get("greedy_copy_tiles") or ""))
+            greedy_copy_tiles=str(d.get("greedy_copy_tiles") or ""), bf16_tiles=bool(d.get("bf16_tiles")))

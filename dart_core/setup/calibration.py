@@ -153,7 +153,7 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
     name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}|{output}|"
                                        f"{CURVE_FIT}|{target.forward_kind}|{curve_rows(target.device.type)}|"
                                        f"copy {target.greedy_copy_rows}, tiles {target.greedy_copy_tile_rows}|"
-                                       f"huge pages {target.huge_pages}")
+                                       f"huge pages {target.huge_pages}|bf16 tiles {target.bf16_tiles}")
     return cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
                    "the verify cost curve")
 
@@ -243,7 +243,7 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
                          dtype_spelling(target.dtype), target.dtype_choice,
                          cost_curve(target, model_name) if with_curve else None, draft_kernels,
                          target.forward_kind, target.greedy_copy_rows, target.greedy_copy_tile_rows,
-                         target.huge_pages, target.greedy_copy_tiles)
+                         target.huge_pages, target.greedy_copy_tiles, target.bf16_tiles)
 
 
 INT8_MARGIN = 0.9      # int8 weights (whose rows differ a little) must take at most this share of the others' best
