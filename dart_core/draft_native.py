@@ -7,7 +7,8 @@ are assembled by another, and every product reads the weights in bf16, half of f
 scale per output, a quarter (`--draft-kernels native-int8`; the set-up code times both).
 
 The head's own safetensors hold bf16 weights, so a head loaded from its file loses nothing in bf16; a head whose
-weights are finer (fresh from training) drafts from their bf16 rounding, and int8 rounds them further. Either way the
+weights are finer (fresh from training) drafts from their bf16 rounding, and int8 rounds them further. On a CPU with
+AMX the bf16 products run on AMX tiles (machine/amx_tiles.c), each product's input rounded to bf16 too. Either way the
 draft only proposes: the target verifies every token, so the emitted tokens never depend on it.
 """
 
@@ -21,8 +22,8 @@ import torch
 from .draft_head import DraftHead, rope_tables
 from .lean_forward import StaticKV
 from .lean_native import head_size_refused, kernels_unbuilt
-from .machine import few_rows
-from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel
+from .machine import amx_tiles, few_rows
+from .machine.few_rows import FewRowsKernel
 from .machine.hardware import Hardware
 from .machine.kernels import weights_version
 from .machine.records import NATIVE_INT8_KERNELS, NATIVE_KERNELS
@@ -42,14 +43,17 @@ class NativeDraftHead:
     """`head` packed for the C layer: `step` is DraftHead.forward for inference, on a one-layer StaticKV (fp32)."""
 
     def __init__(self, head: DraftHead, kernel: FewRowsKernel, out_weight: torch.Tensor | None = None,
-                 weights: torch.dtype = torch.bfloat16):
+                 weights: torch.dtype = torch.bfloat16, tiles: bool | None = None):
         """out_weight: the output layer of a head tied to the target's (as DraftHead.forward takes it); weights: the
-        products' weights, bf16 or int8."""
+        products' weights, bf16 or int8; tiles: bf16 products on AMX tiles (None: where this CPU lets our kernels use
+        AMX; True where it does not runs their plain-C stand-in, slowly: the tests' way)."""
         c = head.config
         self.config, self.kernel, self.weights = c, kernel, weights
+        self.tiles = weights == torch.bfloat16 and (amx_tiles.usable(kernel) if tiles is None else tiles)
 
         def packed(*linears):
-            return kernel.pack(torch.cat([w.detach().float() for w in linears]), weights)
+            weight = torch.cat([w.detach().float() for w in linears])
+            return amx_tiles.packed_bf16_tiles(weight) if self.tiles else kernel.pack(weight, weights)
 
         def flat(t):
             return t.detach().float().contiguous()
@@ -103,7 +107,7 @@ class NativeDraftHead:
         lib.lean_layer(h.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), None, None, qkv, None, None, o,
                        None, self.norms[2].data_ptr(), gate_up, down, keys, keys + kv_heads * cap * d * 4,
                        scratch.data_ptr(), n, H, 2 * H, heads, kv_heads, d, inter, P, cap, c.rms_eps, threads,
-                       WEIGHT_KINDS[self.weights])
+                       self.layer[0].kind)
         cache.length = P + S
         rows = h[S - 1:]
         for _ in range(2 if c.double_norm else 1):
@@ -124,17 +128,17 @@ class NativeDraftHead:
 
 
 def packed(head: DraftHead, hardware: Hardware, out_weight: torch.Tensor | None = None,
-           weights: torch.dtype = torch.bfloat16) -> NativeDraftHead:
-    """`head` packed for the C layer built for `hardware` (where `unsupported` says it can run), in `weights`; made
-    once per head and weights, and kept while the head's weights are unchanged (the app builds a drafter for every
-    run)."""
+           weights: torch.dtype = torch.bfloat16, tiles: bool | None = None) -> NativeDraftHead:
+    """`head` packed for the C layer built for `hardware` (where `unsupported` says it can run), in `weights` (bf16 on
+    AMX tiles as `tiles` says); made once per head and weights, and kept while the head's weights are unchanged (the
+    app builds a drafter for every run)."""
     key = (weights_version(head), hardware.kind)
     made = _PACKED.setdefault(head, {})
-    known = made.get(weights)
+    known = made.get((weights, tiles))
     if known is not None and known[0] == key and known[1] is out_weight:
         return known[2]
-    out = NativeDraftHead(head, few_rows.kernel(hardware.kind), out_weight, weights)
-    made[weights] = (key, out_weight, out)
+    out = NativeDraftHead(head, few_rows.kernel(hardware.kind), out_weight, weights, tiles)
+    made[(weights, tiles)] = (key, out_weight, out)
     return out
 
 

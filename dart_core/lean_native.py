@@ -26,14 +26,13 @@ from .acceptance import greedy_ids
 from .greedy_output import GreedyOutput
 from .lean_forward import LeanForward, attention_shape
 from .machine import amx_tiles, huge_pages
-from .machine.few_rows import WEIGHT_KINDS, FewRowsKernel, PackedWeight
+from .machine.few_rows import BF16_TILES, WEIGHT_KINDS, FewRowsKernel, PackedWeight
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)   # the weights the C layer reads (it computes in fp32)
 MIN_TABLE = 1024          # positions the rotation table starts with (it doubles when a run goes past it)
 HEAD_DIM_STEP, MAX_HEAD_DIM = 16, 512   # the head sizes the C attention takes (lean_layer.c: VW, MAX_HEAD_DIM)
 GREEDY_COPY = torch.int8   # the output layer's copy greedy steps read (greedy_output.py; docs/cpu-speed.md, section 11)
-BF16_TILES = 3             # lean_layer.c's kind of weights for a bf16 model's products on AMX tiles
 
 
 def unsupported(model, hardware) -> str | None:
@@ -95,7 +94,7 @@ class NativeLayers:
         """The layer's tensors (kept alive here) and their addresses, in lean_layer's order."""
         def pack(linear):
             if self.tiles:
-                return PackedWeight(amx_tiles.bf16_tiles(linear.weight), linear.out_features)
+                return amx_tiles.packed_bf16_tiles(linear.weight)
             return self.kernel.pack(linear.weight, self.weights)
 
         kept = [_flat(w.norm_in), pack(w.qkv), _flat(w.qkv.bias), _flat(w.qk_norm), pack(w.o), _flat(w.o.bias),

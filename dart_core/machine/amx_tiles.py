@@ -61,6 +61,12 @@ def bf16_tiles(weight: torch.Tensor) -> torch.Tensor:
     return huge_pages.copy_of(padded.view(b, TILE_N, c, PAIR_K // 2, 2).permute(0, 2, 3, 1, 4))
 
 
+def packed_bf16_tiles(weight: torch.Tensor) -> PackedWeight:
+    """`weight` [N, K] rounded to bf16 and packed as the bf16 product's tiles, for the few-row kernel's `linear` and the
+    C layer (their BF16_TILES kind)."""
+    return PackedWeight(bf16_tiles(weight.bfloat16()), weight.shape[0], tiles=True)
+
+
 def tile_sums(tiles: torch.Tensor) -> torch.Tensor:
     """Each output's sum of weights over its tiles, [blocks * 16] int32: what the VNNI product takes off again (its
     digits go in plus 128)."""

@@ -51,22 +51,29 @@ NO_TOOLCHAIN = "the C compiler here cannot build a shared library"
 UNWRITABLE = "cannot write the kernels' cache folder"
 
 
-# The weights the kernel reads, and the code by which lean_layer.c is told which (its FP32/BF16/INT8_WEIGHTS).
+# The weights the kernel reads, and the code by which lean_layer.c is told which (its FP32/BF16/INT8_WEIGHTS); bf16
+# weights packed as AMX tiles (amx_tiles.py) are its BF16_TILES.
 WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+BF16_TILES = 3
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """A weight [N, K] packed as [ceil(N / width), K, width] (zeros past N) in fp32, bf16 or int8, and its N; int8
     weights have a scale per output (`scales`, ceil(N / width) * width floats), stored right after the blocks, where
-    the kernel reads them."""
+    the kernel reads them. `tiles`: bf16 weights packed instead as AMX tiles (amx_tiles.bf16_tiles)."""
     blocks: torch.Tensor
     out_features: int
     scales: torch.Tensor | None = None
+    tiles: bool = False
 
     @property
     def kind(self) -> int:
-        return WEIGHT_KINDS[self.blocks.dtype]
+        return BF16_TILES if self.tiles else WEIGHT_KINDS[self.blocks.dtype]
+
+    def takes(self, k: int) -> bool:
+        """Whether its inputs are k long."""
+        return -(-k // 32) == self.blocks.shape[1] if self.tiles else self.blocks.shape[1] == k
 
 
 def pack(weight: torch.Tensor, width: int, dtype: torch.dtype = torch.float32) -> PackedWeight:
@@ -136,13 +143,16 @@ class FewRowsKernel:
     def linear(self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         x = x.contiguous()
         rows, k = x.shape
-        if w.blocks.shape[1] != k or x.dtype != torch.float32:
-            raise ValueError(f"few-row kernel: x {tuple(x.shape)} {x.dtype} against a packed [{w.out_features}, "
-                             f"{w.blocks.shape[1]}] weight")
+        if not w.takes(k) or x.dtype != torch.float32:
+            raise ValueError(f"few-row kernel: x {tuple(x.shape)} {x.dtype} against a packed weight of "
+                             f"{w.out_features} outputs that takes other inputs")
         y = torch.empty(rows, w.out_features, dtype=torch.float32)
-        product = (self.lib.few_rows_linear, self.lib.few_rows_linear_bf16, self.lib.few_rows_linear_i8)[w.kind]
-        product(x.data_ptr(), w.blocks.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), rows, k,
+        args = (x.data_ptr(), w.blocks.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), rows, k,
                 w.out_features, torch.get_num_threads())
+        if w.tiles:   # on AMX where usable, else the tiles' plain-C stand-in
+            self.lib.bf16_tiles_linear(*args, 1)
+        else:
+            (self.lib.few_rows_linear, self.lib.few_rows_linear_bf16, self.lib.few_rows_linear_i8)[w.kind](*args)
         return y
 
     def argmax(self, y: torch.Tensor) -> torch.Tensor:
