@@ -18,8 +18,9 @@ With an int8 copy on a CPU with AMX, the copy's product runs on AMX tiles (machi
 int8 digits per input; the bound then widens by |x - x~|_2 times the copy's largest row norm, a few parts in ten
 thousand of |x|. An fp32 product of the int8 copy is bound by arithmetic from 8 rows; the tiles' cost hardly grows
 with the rows, though at one row they can cost a little more: steps of fewer rows than `tile_rows` (measured per
-machine) keep the FMAs (docs/cpu-speed.md, section 12). A CPU with AVX-512 VNNI and no AMX computes the same integer
-sums from the same tiles by VNNI, four times the products an instruction of the FMAs on the widened copy.
+machine) keep the FMAs (docs/cpu-speed.md, section 12). A CPU with VNNI (AVX-512's, or AVX-VNNI) and no AMX computes
+the same integer sums from the same tiles by VNNI, four times the products an instruction of the FMAs on the widened
+copy (section 16).
 
 Sampling needs every logit: it takes the full fp32 layer (TargetModel.verify without `choices`).
 """
@@ -78,7 +79,7 @@ class GreedyOutput:
     def __init__(self, weight: torch.Tensor, kernel: FewRowsKernel, kind: torch.dtype = torch.bfloat16,
                  tiles: str = "auto"):
         """tiles: how an int8 copy's product is computed: "amx" (on AMX tiles), "vnni" (the tiles' integer sums by
-        AVX-512 VNNI), "off" (fp32 FMAs), "auto" (AMX where this CPU and its OS allow it, else VNNI where it has it,
+        VNNI), "off" (fp32 FMAs), "auto" (AMX where this CPU and its OS allow it, else VNNI where it has it,
         else off), or "stand-in" (the tiles' integer sums in plain C: the same bits, slowly)."""
         if kind not in (torch.bfloat16, torch.int8) or weight.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the output layer's copy is bf16 or int8 of an fp32 or bf16 weight, not {kind} of "

@@ -51,6 +51,15 @@
 #include <immintrin.h>
 #endif
 
+/* Thread t of T (this parallel region's) computes blocks lo .. hi - 1 of a product. */
+#ifdef _OPENMP
+#define THREAD_SHARE(blocks, lo, hi)                                                                         \
+    long lo = (blocks) * omp_get_thread_num() / omp_get_num_threads(),                                       \
+         hi = (blocks) * (omp_get_thread_num() + 1) / omp_get_num_threads();
+#else
+#define THREAD_SHARE(blocks, lo, hi) long lo = 0, hi = (blocks);
+#endif
+
 #define TILE_K 64                        /* inputs per chunk: 16 tile rows of 4 */
 #define TILE_N 16                        /* outputs per block */
 #define TILE_BYTES 1024                  /* one packed tile of weights */
@@ -382,11 +391,7 @@ void int8_tiles_product(const float *x, const signed char *tiles, const int *sum
         for (long i = 0; i < 2 * M * Kp; i++) d[i] = (signed char)((unsigned char)d[i] ^ 0x80);
     int amx = mode == TILES_AMX && amx_tiles_usable();
     _Pragma("omp parallel num_threads(threads)") {
-        int t = 0, T = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num(), T = omp_get_num_threads();
-#endif
-        long lo = blocks * t / T, hi = blocks * (t + 1) / T;
+        THREAD_SHARE(blocks, lo, hi)
         for (long m0 = 0; m0 < M; m0 += GROUP_ROWS) {
             long rows = M - m0 < GROUP_ROWS ? M - m0 : GROUP_ROWS;
             const signed char *g1 = d1 + m0 * Kp, *g2 = d2 + m0 * Kp;
@@ -517,7 +522,7 @@ void bf16_tiles_linear(const float *x, const unsigned short *tiles, const float 
                        int threads, int amx) {
     long Kp = (K + PAIR_K - 1) / PAIR_K * PAIR_K, blocks = (N + TILE_N - 1) / TILE_N;
     unsigned short *xa = malloc(M * Kp * sizeof(unsigned short));
-    if (!xa) {   /* no memory for a few kilobytes: y is left NaN, which the caller's choice reports */
+    if (!xa) {   /* no memory for a few kilobytes: the outputs are NaN, not what was in y */
         for (long i = 0; i < M * N; i++) y[i] = NAN;
         return;
     }
@@ -525,11 +530,7 @@ void bf16_tiles_linear(const float *x, const unsigned short *tiles, const float 
         for (long k = 0; k < Kp; k++) xa[m * Kp + k] = k < K ? bf16_of(x[m * K + k]) : 0;
     amx = amx && amx_tiles_usable();
     _Pragma("omp parallel num_threads(threads)") {
-        int t = 0, T = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num(), T = omp_get_num_threads();
-#endif
-        long lo = blocks * t / T, hi = blocks * (t + 1) / T;
+        THREAD_SHARE(blocks, lo, hi)
         for (long m0 = 0; m0 < M; m0 += GROUP_ROWS) {
             long rows = M - m0 < GROUP_ROWS ? M - m0 : GROUP_ROWS;
 #if TILES_BUILT

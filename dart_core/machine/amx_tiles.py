@@ -1,6 +1,7 @@
-"""Weights packed for our integer product of the output copy (amx_tiles.c): tiles of 16 outputs by 64 int8 inputs, the
-layout AMX's int8 products read (and VNNI's, a row of a tile at a time), zeros past the weight's edges; and how the
-product runs here."""
+"""Weights packed as tiles for amx_tiles.c, zeros past their edges, and how their products run here: the output copy's
+integer product (tiles of 16 outputs by 64 int8 inputs, the layout AMX's int8 products read, and VNNI's a row of a
+tile at a time) and a bf16 model's products (tiles of 16 outputs by 32 bf16 inputs, the layout of AMX's bf16
+products)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Our own fp32 kernels for few rows, built for the CPU at hand with its C compiler: few_rows.c (a linear, on fp32 or
 bf16 weights) and lean_layer.c (a whole decoder layer on it, which dart_core/lean_native.py drives for the target and
 dart_core/draft_native.py for the draft head); with them amx_tiles.c, the output copy's integer product (on AMX
-tiles or by VNNI, packed by amx_tiles.py), and tree_search.c, DART's tree search and its n-gram counts.
+tiles or by VNNI) and a bf16 model's products on AMX tiles (packed by amx_tiles.py), and tree_search.c, DART's tree
+search and its n-gram counts.
 
 A decode step computes each linear for 1 row, a verify for a handful; both read every weight once, so the kernel that
 keeps memory busy wins. torch's GEMMs leave much of it unused at 2-16 rows (docs/cpu-speed.md, section 7). The C
@@ -73,7 +74,7 @@ class PackedWeight:
 
     def takes(self, k: int) -> bool:
         """Whether its inputs are k long."""
-        return -(-k // 32) == self.blocks.shape[1] if self.tiles else self.blocks.shape[1] == k
+        return -(-k // 32) == self.blocks.shape[1] if self.tiles else self.blocks.shape[1] == k   # (tiles of 32)
 
 
 def pack(weight: torch.Tensor, width: int, dtype: torch.dtype = torch.float32) -> PackedWeight:
