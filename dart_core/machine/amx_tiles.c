@@ -1,4 +1,7 @@
-/* The output layer's int8 copy times x for M rows on AMX tiles (16 rows of 64 int8 by 64 int8 of 16 outputs, summed
+/* Products of few rows from weights packed as tiles, where many rows cost about what one does: the output layer's int8
+   copy (int8_tiles_product, below) and a bf16 model's linears (bf16_tiles_linear, at the end).
+
+   The output layer's int8 copy times x for M rows on AMX tiles (16 rows of 64 int8 by 64 int8 of 16 outputs, summed
    into 16 x 16 int32 tiles): an fp32 product of the copy is bound by arithmetic from 8 rows; AMX makes 1 to 16 rows
    cost about the same, but both factors must be int8.
 
