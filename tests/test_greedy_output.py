@@ -115,7 +115,8 @@ def test_the_bound_holds_for_every_output(copy, tiles):
         assert (widened[:4] > 0).all()
 
 
-def approximate_logits(out: GreedyOutput, x: torch.Tensor, mode: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def approximate_logits(out: GreedyOutput, x: torch.Tensor,
+                       mode: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The copy's logits as the choice computes them (by its tiles' `mode`, its own by default), and each row's
     widening of the bound (zero without tiles)."""
     m, n = x.shape[0], out.weight.shape[0]

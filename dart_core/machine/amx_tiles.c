@@ -14,8 +14,9 @@
    127 * 254) for K = 576: a few parts in ten thousand of |x|, against the int8 copy's own percent. Packed as tiles:
    [ceil(N / 16) output blocks][ceil(K / 64) input chunks][16][16 outputs][4 inputs].
 
-   (A bf16 model's linears on AMX, x as three exact bf16 parts, were tried: on the AMX Xeon no faster than the fp32
-   FMAs on widened bf16 weights at 1 to 16 rows, the parts' tiles reloaded for every block of outputs.)
+   (A bf16 model's linears on AMX with x as three exact bf16 parts, which would have kept their products those of fp32
+   x, were tried: on the AMX Xeon no faster than the fp32 FMAs on widened bf16 weights at 1 to 16 rows, the parts'
+   tiles reloaded for every block of outputs. bf16_tiles_linear rounds x to bf16 once.)
 
    Where this build has no AMX, or the OS refuses this process its tiles, amx_tiles_usable() says 0 and the same sums
    are computed by plain C from the same tiles (the stand-in the tests run on every machine): the logits are the same
@@ -23,11 +24,11 @@
 
    A CPU with AVX-512 VNNI but no AMX (AMD's Zen 4, Intel's Ice Lake) computes the same sums from the same tiles by
    VPDPBUSD, 64 products an instruction where the FMAs on the widened copy make 16 (blocks_vnni): a tile's row of 16
-   outputs by 4 inputs is one vector, each row of x's 4 digits one broadcast; one with AVX-VNNI and no AVX-512 (Intel's
-   client cores since Alder Lake) by its 256-bit form, two instructions a tile's row. VPDPBUSD multiplies unsigned bytes by
-   signed ones, so the digits go in plus 128 and 128 times each output's sum of weights comes off: the same exact
-   integers. Where the build has no VNNI, the same loop runs with the instruction written out in plain C (the tests
-   run it on every machine). */
+   outputs by 4 inputs is one vector, each row of x's 4 digits one broadcast; one with AVX-VNNI and no AVX-512
+   (Intel's client cores since Alder Lake) by its 256-bit form, two instructions a tile's row. VPDPBUSD multiplies
+   unsigned bytes by signed ones, so the digits go in plus 128 and 128 times each output's sum of weights comes off:
+   the same exact integers. Where the build has no VNNI, the same loop runs with the instruction written out in plain C
+   (the tests run it on every machine). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,9 +45,9 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 #define VNNI_BUILT 512   /* AVX-512 VNNI */
 #elif defined(__AVXVNNI__) || defined(VNNI_256_STAND_IN)
-#define VNNI_BUILT 256   /* AVX-VNNI: the same instruction on 256 bits, on CPUs without AVX-512 (Intel's since Alder Lake);
-                            VNNI_256_STAND_IN: its loop with the instruction written out (few_rows.py's avx2-vnni build
-                            where the CPU has no AVX-VNNI, for the tests) */
+/* AVX-VNNI: the same instruction on 256 bits, on CPUs without AVX-512 (Intel's since Alder Lake); VNNI_256_STAND_IN:
+   its loop, the instruction written out (few_rows.py's avx2-vnni build where the CPU has no AVX-VNNI: the tests') */
+#define VNNI_BUILT 256
 #else
 #define VNNI_BUILT 0
 #endif

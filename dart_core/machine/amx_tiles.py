@@ -53,8 +53,8 @@ def int8_tiles(copy: PackedWeight, k: int) -> torch.Tensor:
 
 
 def bf16_tiles(weight: torch.Tensor) -> torch.Tensor:
-    """A bf16 weight [N, K] as the tiles of amx_tiles.c's bf16 product, [ceil(N / 16), ceil(K / 32), 16, 16, 2]: for each
-    block of 16 outputs and chunk of 32 inputs, 16 pairs of inputs of every output."""
+    """A bf16 weight [N, K] as the tiles of amx_tiles.c's bf16 product, [ceil(N / 16), ceil(K / 32), 16, 16, 2]: for
+    each block of 16 outputs and chunk of 32 inputs, 16 pairs of inputs of every output."""
     n, k = weight.shape
     padded = torch.zeros(-(-n // TILE_N) * TILE_N, -(-k // PAIR_K) * PAIR_K, dtype=torch.bfloat16)
     padded[:n, :k] = weight.detach()
