@@ -70,6 +70,7 @@ ON_ATEN_KINDS = [
 ]
 # Logic on made-up hardware, timings and command lines: the same on every CPU, run in the main run only.
 ON_ANY_CPU = [
+    "tests/test_greedy_output.py::test_auto_takes_amx_else_vnni_else_the_fmas",
     "tests/test_kernels.py::test_bf16_kernels_only_where_the_cpu_has_them",
     "tests/test_kernels.py::test_stand_ins_turn_capabilities_on_where_the_machine_lacks_them",
     "tests/test_dtype_choice.py::test_bf16_only_where_it_wins_at_every_row_count",

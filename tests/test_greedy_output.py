@@ -221,6 +221,23 @@ def test_vnni_gives_the_stand_ins_bits(build):
             GreedyOutput(weight, kernel, torch.int8, "vnni")
 
 
+def test_auto_takes_amx_else_vnni_else_the_fmas(monkeypatch):
+    """The choice a CPU without AMX makes, on any machine: VNNI where the build has it, else the FMAs; and where AMX
+    is refused, a bf16 model's products stay on the FMAs."""
+    kernel = kernel_or_why()
+    if kernel is None:
+        return
+    weight = torch.randn(64, 32)
+    monkeypatch.setattr(amx_tiles, "usable", lambda kernel: False)
+    monkeypatch.setattr(amx_tiles, "vnni_usable", lambda kernel: True)
+    assert GreedyOutput(weight, kernel, torch.int8).tiles_mode == "vnni"
+    monkeypatch.setattr(amx_tiles, "vnni_usable", lambda kernel: False)
+    assert GreedyOutput(weight, kernel, torch.int8).tiles_mode == "off"
+    target = tiny_target("llama", dtype=torch.bfloat16)
+    target.use_lean()
+    assert target.lean.native is None or not target.bf16_tiles
+
+
 def test_tiles_are_asked_for_an_int8_copy_only():
     kernel = kernel_or_why()
     if kernel is None:
