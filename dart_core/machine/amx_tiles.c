@@ -196,13 +196,17 @@ typedef unsigned v16u __attribute__((vector_size(64)));
 
 int vnni_built(void) { return VNNI_BUILT; }   /* the vectors' bits, 0 for none */
 
+/* VPDPBUSD's integers written out, for int vectors of type VI (VU: the unsigned of the same width): acc plus, lane by
+   lane, the four products of u's bytes (unsigned) by w's (signed). */
+#define DOT4_WRITTEN_OUT(acc, u, w, VI, VU)                                                                  \
+    for (int i = 0; i < 4; i++) acc += (VI)(((VU)(u) >> (8 * i)) & 0xff) * ((VI)((VU)(w) << (24 - 8 * i)) >> 24);
+
 /* acc plus, lane by lane, the four products of u's bytes (unsigned) by w's (signed): VPDPBUSD, or its integers. */
 static inline v16i dot4(v16i acc, v16i u, v16i w) {
 #if VNNI_BUILT == 512
     return (v16i)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, (__m512i)w);
 #else
-    for (int i = 0; i < 4; i++)
-        acc += (v16i)(((v16u)u >> (8 * i)) & 0xff) * ((v16i)((v16u)w << (24 - 8 * i)) >> 24);
+    DOT4_WRITTEN_OUT(acc, u, w, v16i, v16u)
     return acc;
 #endif
 }
@@ -251,8 +255,7 @@ static inline v8i dot4_256(v8i acc, v8i u, v8i w) {   /* dot4 on 8 lanes */
 #ifdef __AVXVNNI__
     return (v8i)_mm256_dpbusd_avx_epi32((__m256i)acc, (__m256i)u, (__m256i)w);
 #else
-    for (int i = 0; i < 4; i++)
-        acc += (v8i)(((v8u)u >> (8 * i)) & 0xff) * ((v8i)((v8u)w << (24 - 8 * i)) >> 24);
+    DOT4_WRITTEN_OUT(acc, u, w, v8i, v8u)
     return acc;
 #endif
 }
@@ -422,11 +425,12 @@ void int8_tiles_product(const float *x, const signed char *tiles, const int *sum
 /* A bf16 model's linears (lean_layer.c's BF16_TILES weights): y = bf16(x) w^T (+ b), on AMX tiles. The weight is
    packed as tiles of 16 outputs by 32 inputs, [ceil(N / 16)][ceil(K / 32)][16 input pairs][16 outputs][2] (zeros
    past the edges); each row of x is rounded to bf16 (to nearest, ties to even) and TDPBF16PS sums its products with
-   the weights into fp32, input by input in ascending order, each addition rounded: every row of x alone, whatever
-   rows come with it, so a tree's rows get what a one-row step gets. Unlike the FMAs on the widened weights (fp32 x),
-   x is rounded to bf16 first, as a bf16 model's products in torch are; 16 rows cost hardly more than one. Where AMX
-   is not usable the same sums are computed one by one in plain C (the stand-in: TDPBF16PS's arithmetic, inputs and
-   results below fp32's normal range taken as zero, as it takes them). */
+   the weights into fp32: every row of x alone, in the same order whatever rows come with it, so a tree's rows get
+   what a one-row step gets. Unlike the FMAs on the widened weights (fp32 x), x is rounded to bf16 first, as a bf16
+   model's products in torch are; 16 rows cost hardly more than one. Where AMX is not usable the stand-in computes
+   the same products in plain C, input by input in ascending order, each addition rounded, inputs and results below
+   fp32's normal range taken as zero, as AMX takes them. AMX's own order of additions is not documented: its sums can
+   differ from the stand-in's in the last bits (the tests bound both by fp32's rounding of the exact sum). */
 #define PAIR_K 32          /* inputs per tile: 16 tile rows of 2 */
 
 static inline unsigned short bf16_of(float f) {
@@ -451,6 +455,13 @@ static inline float widened(unsigned short h) {
     return flushed(f);
 }
 
+/* y's outputs of block blk for `rows` rows from their sums c [rows][16], plus the bias b (N floats or NULL). */
+static void bf16_store(const float *c, long rows, long blk, long N, const float *b, float *y) {
+    long first = blk * TILE_N, width = N - first < TILE_N ? N - first : TILE_N;
+    for (long m = 0; m < rows; m++)
+        for (long n = 0; n < width; n++) y[m * N + first + n] = c[m * TILE_N + n] + (b ? b[first + n] : 0.0f);
+}
+
 /* The stand-in: the rows' sums for blocks lo .. hi - 1, input by input. */
 static void bf16_blocks_plain(const unsigned short *xa, long rows, long Kp, const unsigned short *tiles, long lo,
                               long hi, long N, const float *b, float *y) {
@@ -470,9 +481,7 @@ static void bf16_blocks_plain(const unsigned short *xa, long rows, long Kp, cons
                     c[m * TILE_N + n] = acc;
                 }
         }
-        long first = blk * TILE_N, width = N - first < TILE_N ? N - first : TILE_N;
-        for (long m = 0; m < rows; m++)
-            for (long n = 0; n < width; n++) y[m * N + first + n] = c[m * TILE_N + n] + (b ? b[first + n] : 0.0f);
+        bf16_store(c, rows, blk, N, b, y);
     }
 }
 
@@ -509,12 +518,7 @@ static void bf16_blocks_amx(const unsigned short *xa, long rows, long Kp, const 
         }
         _tile_stored(0, c[0], 64);
         if (two) _tile_stored(1, c[1], 64);
-        for (int p = 0; p < (two ? 2 : 1); p++) {
-            long first = (blk + p) * TILE_N, width = N - first < TILE_N ? N - first : TILE_N;
-            for (long m = 0; m < rows; m++)
-                for (long n = 0; n < width; n++)
-                    y[m * N + first + n] = c[p][m * TILE_N + n] + (b ? b[first + n] : 0.0f);
-        }
+        for (int p = 0; p < (two ? 2 : 1); p++) bf16_store(c[p], rows, blk + p, N, b, y);
     }
     _tile_release();
 }
