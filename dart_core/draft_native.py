@@ -49,11 +49,10 @@ class NativeDraftHead:
         AMX; True where it does not runs their plain-C stand-in, slowly: the tests' way)."""
         c = head.config
         self.config, self.kernel, self.weights = c, kernel, weights
-        self.tiles = weights == torch.bfloat16 and (amx_tiles.usable(kernel) if tiles is None else tiles)
+        self.tiles = amx_tiles.bf16_on_tiles(kernel, weights, tiles)
 
         def packed(*linears):
-            weight = torch.cat([w.detach().float() for w in linears])
-            return amx_tiles.packed_bf16_tiles(weight) if self.tiles else kernel.pack(weight, weights)
+            return amx_tiles.pack(kernel, torch.cat([w.detach().float() for w in linears]), weights, self.tiles)
 
         def flat(t):
             return t.detach().float().contiguous()

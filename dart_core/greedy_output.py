@@ -27,6 +27,8 @@ Sampling needs every logit: it takes the full fp32 layer (TargetModel.verify wit
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .machine import amx_tiles
@@ -93,11 +95,16 @@ class GreedyOutput:
         self.bound = choice_bounds(self.weight, self.approx)
         n, k = self.weight.shape
         self.tiles = amx_tiles.int8_tiles(self.approx, k) if tiles != "off" else None
-        self.tile_sums = amx_tiles.tile_sums(self.tiles) if tiles != "off" else None
         self.tiles_norm = largest_norm(self.approx, n) if tiles != "off" else 0.0
         # steps of at least this many rows use the tiles (None: none; as measured: setup/calibration.py)
         self.tile_rows: int | None = 1
         self.scratch = torch.empty(0)
+
+    @functools.cached_property
+    def tile_sums(self) -> torch.Tensor | None:
+        """Each output's sum of weights over the tiles, which the VNNI product reads (made at its first use: a pass over
+        the copy that AMX and the FMAs never need)."""
+        return amx_tiles.tile_sums(self.tiles) if self.tiles is not None else None
 
     def choose(self, x: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
         """The argmax of x w^T per row of x [M, K] (fp32), the first of equal maxima, as our fp32 product from the weight
@@ -115,5 +122,5 @@ class GreedyOutput:
             self.weight.data_ptr(), WEIGHT_KINDS[self.weight.dtype], m, k, n, torch.get_num_threads(),
             scratch.data_ptr(), out.data_ptr(), None if candidates is None else candidates.data_ptr(),
             None if self.tiles is None else self.tiles.data_ptr(),
-            None if self.tile_sums is None else self.tile_sums.data_ptr(), self.tiles_norm, amx_tiles.MODES[mode])
+            self.tile_sums.data_ptr() if mode == "vnni" else None, self.tiles_norm, amx_tiles.MODES[mode])
         return out

@@ -75,8 +75,8 @@ class NativeLayers:
         self.lean, self.kernel = lean, kernel
         self.max_rows = NATIVE_ROWS
         self.weights = lean.embed.dtype            # fp32 or bf16, as the model's
-        self.tiles = self.weights == torch.bfloat16 and (amx_tiles.usable(kernel) if tiles is None else tiles)
-        self.weight_kind = BF16_TILES if self.tiles else WEIGHT_KINDS[self.weights]
+        self.tiles = amx_tiles.bf16_on_tiles(kernel, self.weights, tiles)
+        self.weight_kind = BF16_TILES if self.tiles else WEIGHT_KINDS[self.weights]   # what lean_layer is told
         self.norm_out = _flat(lean.norm_out)
         self.layers = [self._packed(w) for w in lean.layers]
         self.output = kernel.pack(lean.output.weight, self.weights)
@@ -93,9 +93,7 @@ class NativeLayers:
     def _packed(self, w) -> tuple[list, list[int | None]]:
         """The layer's tensors (kept alive here) and their addresses, in lean_layer's order."""
         def pack(linear):
-            if self.tiles:
-                return amx_tiles.packed_bf16_tiles(linear.weight)
-            return self.kernel.pack(linear.weight, self.weights)
+            return amx_tiles.pack(self.kernel, linear.weight, self.weights, self.tiles)
 
         kept = [_flat(w.norm_in), pack(w.qkv), _flat(w.qkv.bias), _flat(w.qk_norm), pack(w.o), _flat(w.o.bias),
                 _flat(w.norm_post), pack(w.gate_up), pack(w.down)]

@@ -68,6 +68,17 @@ def packed_bf16_tiles(weight: torch.Tensor) -> PackedWeight:
     return PackedWeight(bf16_tiles(weight.bfloat16()), weight.shape[0], tiles=True)
 
 
+def bf16_on_tiles(kernel: FewRowsKernel, weights: torch.dtype, asked: bool | None) -> bool:
+    """Whether products on `weights` go on tiles: bf16 ones only, as `asked` (None: where this CPU lets our kernels
+    use AMX; True where it does not runs their plain-C stand-in, slowly: the tests' way)."""
+    return weights == torch.bfloat16 and (usable(kernel) if asked is None else asked)
+
+
+def pack(kernel: FewRowsKernel, weight: torch.Tensor, weights: torch.dtype, tiles: bool) -> PackedWeight:
+    """`weight` packed for the C layer in `weights`: as bf16 tiles where `tiles`, else for the few-row kernel."""
+    return packed_bf16_tiles(weight) if tiles else kernel.pack(weight, weights)
+
+
 def tile_sums(tiles: torch.Tensor) -> torch.Tensor:
     """Each output's sum of weights over its tiles, [blocks * 16] int32: what the VNNI product takes off again (its
     digits go in plus 128)."""
