@@ -192,13 +192,14 @@ def test_amx_tiles_give_their_stand_ins_bits():
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-@pytest.mark.parametrize("build", ["this machine's", "avx2-vnni"])
+@pytest.mark.parametrize("build", ["this machine's", "avx2-vnni", "avx2-vnni-stand-in"])
 def test_vnni_gives_the_stand_ins_bits(build):
     """The VNNI product (the digits plus 128, each output's sum of weights times 128 taken off) gives the stand-in's
     logits: by VPDPBUSD where this build has it, else by the same loop with the instruction written out, on every
     machine; and so does the build an AVX2 CPU with AVX-VNNI gets (256 bits, a row at a time; where this CPU has no
-    AVX-VNNI, its loop with the instruction written out). Rows pass six at a time over two blocks of outputs: row and
-    output counts on and off those edges. Asking for it where the build has no VNNI says so in one line."""
+    AVX-VNNI, its loop with the instruction written out), and that written-out build on every machine. Rows pass six at
+    a time over two blocks of outputs: row and output counts on and off those edges. Asking for it where the build has
+    no VNNI says so in one line."""
     kernel = kernel_or_why() if build == "this machine's" else few_rows.kernel(build)
     if kernel is None:   # (the AVX2 build: not on a CPU of another architecture)
         assert KERNEL is None or platform.machine() not in ("x86_64", "AMD64")

@@ -41,11 +41,10 @@ BUILD_SECONDS = 120
 # The instruction set the build targets, by CPU kind (hardware.CPU_KINDS): a process held to an older kind gets that
 # kind's code, as torch's own kernels do; the machine's own kind gets everything its CPU has.
 MARCH = {"x86-64": "-march=x86-64", "avx2": "-march=x86-64-v3",
-         # not a kind of hardware.CPU_KINDS: the build an AVX2 CPU with AVX-VNNI gets (Intel's client cores since Alder
-         # Lake), for the tests and studies (amx_tiles.c's 256-bit VNNI; on a CPU without AVX-VNNI, its loop with the
-         # instruction written out)
-         "avx2-vnni": "-march=x86-64-v3 -mavxvnni"}
-AVX_VNNI_STAND_IN = "-march=x86-64-v3 -DVNNI_256_STAND_IN"
+         # not kinds of hardware.CPU_KINDS: the build an AVX2 CPU with AVX-VNNI gets (Intel's client cores since Alder
+         # Lake), and the same loop with the instruction written out, for the tests and studies (amx_tiles.c's 256-bit
+         # VNNI); a CPU without AVX-VNNI asked for the first gets the second
+         "avx2-vnni": "-march=x86-64-v3 -mavxvnni", "avx2-vnni-stand-in": "-march=x86-64-v3 -DVNNI_256_STAND_IN"}
 # What a build needs of the machine beyond our sources: where this fails too, the toolchain is what is missing.
 PROBE = "#include <math.h>\n#include <string.h>\nfloat probe(float x) { return sqrtf(x) + (float)strlen(\"\"); }\n"
 NO_TOOLCHAIN = "the C compiler here cannot build a shared library"
@@ -199,7 +198,7 @@ def _built(kind: str) -> FewRowsKernel | str:
     native = "-march=native" if platform.machine() in ("x86_64", "AMD64") else "-mcpu=native"
     march = MARCH.get(kind, native)
     if kind == "avx2-vnni" and "avx_vnni" not in cpu_flags():
-        march = AVX_VNNI_STAND_IN
+        march = MARCH["avx2-vnni-stand-in"]
     last = ""
     for openmp in (["-fopenmp"], []):   # without OpenMP (Apple's clang) the kernel runs on one thread
         flags = ["-O3", *march.split(), *openmp, "-shared", "-fPIC", "-Werror=implicit-function-declaration"]
