@@ -8,8 +8,9 @@ scale per output, a quarter (`--draft-kernels native-int8`; the set-up code time
 
 The head's own safetensors hold bf16 weights, so a head loaded from its file loses nothing in bf16; a head whose
 weights are finer (fresh from training) drafts from their bf16 rounding, and int8 rounds them further. On a CPU with
-AMX the bf16 products run on AMX tiles (machine/amx_tiles.c), each product's input rounded to bf16 too. Either way the
-draft only proposes: the target verifies every token, so the emitted tokens never depend on it.
+AMX the bf16 products run on AMX tiles (machine/amx_tiles.c), on one with AVX512-BF16 from the same tiles by
+VDPBF16PS, each product's input rounded to bf16 too. Either way the draft only proposes: the target verifies every
+token, so the emitted tokens never depend on it.
 """
 
 from __future__ import annotations
@@ -43,13 +44,13 @@ class NativeDraftHead:
     """`head` packed for the C layer: `step` is DraftHead.forward for inference, on a one-layer StaticKV (fp32)."""
 
     def __init__(self, head: DraftHead, kernel: FewRowsKernel, out_weight: torch.Tensor | None = None,
-                 weights: torch.dtype = torch.bfloat16, tiles: bool | None = None):
+                 weights: torch.dtype = torch.bfloat16, tiles: str | None = None):
         """out_weight: the output layer of a head tied to the target's (as DraftHead.forward takes it); weights: the
-        products' weights, bf16 or int8; tiles: bf16 products on AMX tiles (None: where this CPU lets our kernels use
-        AMX; True where it does not runs their plain-C stand-in, slowly: the tests' way)."""
+        products' weights, bf16 or int8; tiles: how bf16 products run, "off" or a way on tiles (None: as
+        amx_tiles.bf16_way chooses for this CPU)."""
         c = head.config
         self.config, self.kernel, self.weights = c, kernel, weights
-        self.tiles = amx_tiles.bf16_on_tiles(kernel, weights, tiles)
+        self.tiles = amx_tiles.bf16_way(kernel, weights, tiles)
 
         def packed(*linears):
             return amx_tiles.pack(kernel, torch.cat([w.detach().float() for w in linears]), weights, self.tiles)
@@ -127,9 +128,9 @@ class NativeDraftHead:
 
 
 def packed(head: DraftHead, hardware: Hardware, out_weight: torch.Tensor | None = None,
-           weights: torch.dtype = torch.bfloat16, tiles: bool | None = None) -> NativeDraftHead:
+           weights: torch.dtype = torch.bfloat16, tiles: str | None = None) -> NativeDraftHead:
     """`head` packed for the C layer built for `hardware` (where `unsupported` says it can run), in `weights` (bf16 on
-    AMX tiles as `tiles` says); made once per head and weights, and kept while the head's weights are unchanged (the
+    tiles as `tiles` says); made once per head and weights, and kept while the head's weights are unchanged (the
     app builds a drafter for every run)."""
     key = (weights_version(head), hardware.kind)
     made = _PACKED.setdefault(head, {})

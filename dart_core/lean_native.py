@@ -14,7 +14,8 @@ keys and values kept in fp32: a bf16 model's steps cost about half its fp32 step
 in bf16 is token-identical to plain decoding in bf16 too (a bf16 prefill writes its keys and values into the fp32
 cache: LeanForward.new_cache). On a CPU with AMX a bf16 model's products run on AMX tiles instead (machine/amx_tiles.c:
 each row's input rounded to bf16, as torch's bf16 products round it), where many rows cost hardly more than one: a
-verified tree costs little more than a plain step (docs/cpu-speed.md, section 17).
+verified tree costs little more than a plain step (docs/cpu-speed.md, section 17); on one with AVX512-BF16 and no AMX,
+from the same tiles by VDPBF16PS, twice the FMAs' products an instruction (section 18).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .acceptance import greedy_ids
 from .greedy_output import GreedyOutput
 from .lean_forward import LeanForward, attention_shape
 from .machine import amx_tiles, huge_pages
-from .machine.few_rows import BF16_TILES, WEIGHT_KINDS, FewRowsKernel, PackedWeight
+from .machine.few_rows import BF16_TILES, BF16_WAYS, WEIGHT_KINDS, FewRowsKernel, PackedWeight
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)   # the weights the C layer reads (it computes in fp32)
@@ -69,14 +70,15 @@ def head_size_refused(head_dim: int) -> str | None:
 class NativeLayers:
     """The lean forward's layers packed for the C layer, the rotation table, and the step that runs them."""
 
-    def __init__(self, lean, kernel: FewRowsKernel, tiles: bool | None = None):
-        """tiles: a bf16 model's products on AMX tiles (None: where this CPU lets our kernels use AMX; True where it
-        does not runs their plain-C stand-in, slowly: the tests' way)."""
+    def __init__(self, lean, kernel: FewRowsKernel, tiles: str | None = None):
+        """tiles: how a bf16 model's products run: "off" (FMAs on the widened weights) or on tiles, "amx",
+        "avx512-bf16" or "stand-in" (None: AMX where usable, else AVX512-BF16 where built, else off:
+        amx_tiles.bf16_way)."""
         self.lean, self.kernel = lean, kernel
         self.max_rows = NATIVE_ROWS
         self.weights = lean.embed.dtype            # fp32 or bf16, as the model's
-        self.tiles = amx_tiles.bf16_on_tiles(kernel, self.weights, tiles)
-        self.weight_kind = BF16_TILES if self.tiles else WEIGHT_KINDS[self.weights]   # what lean_layer is told
+        self.tiles = amx_tiles.bf16_way(kernel, self.weights, tiles)      # "" where the products are FMAs
+        self.weight_kind = self.tiles and BF16_TILES + BF16_WAYS[self.tiles] - 1 or WEIGHT_KINDS[self.weights]
         self.norm_out = _flat(lean.norm_out)
         self.layers = [self._packed(w) for w in lean.layers]
         self.output = kernel.pack(lean.output.weight, self.weights)

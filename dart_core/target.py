@@ -61,11 +61,11 @@ class TargetModel:
         self.greedy_copy_rows: int | None = None   # measured: greedy steps of up to these rows read the output copy
         self._copy_tile_rows: int | None = 1        # ... and from these rows on its integer product (AMX or VNNI)
 
-    def use_lean(self, on: bool = True, graphs: bool = True, tiles: bool | None = None) -> str | None:
+    def use_lean(self, on: bool = True, graphs: bool = True, tiles: str | None = None) -> str | None:
         """Decode through the lean forward over a static cache (dart_core.lean_forward) where this model's family
         allows it; off: transformers' forward. graphs: its steps captured as CUDA graphs on a GPU, and on a CPU in fp32
         its decode and verify steps in our C layer where it was built (dart_core.lean_native); False: torch's
-        operations, eagerly. tiles: in the C layer, a bf16 model's products on AMX tiles (None: where usable).
+        operations, eagerly. tiles: in the C layer, how a bf16 model's products run (lean_native.NativeLayers).
         Returns why it is off (None when on). Call before `use_kernels`: the plan chooses kernels for the lean
         forward's fused projections (none where the C layer computes them)."""
         why = LeanForward.unsupported(self.model) if on else "off by request"
@@ -101,10 +101,11 @@ class TargetModel:
         return native.huge_pages if native is not None else None
 
     @property
-    def bf16_tiles(self) -> bool:
-        """Whether the C layer computes this bf16 model's products on AMX tiles (dart_core.lean_native)."""
+    def bf16_tiles(self) -> str:
+        """How the C layer computes this bf16 model's products from tiles: "amx", "avx512-bf16", "stand-in", or ""
+        (not from tiles; dart_core.lean_native)."""
         native = self._native
-        return bool(native is not None and native.tiles)
+        return native.tiles if native is not None else ""
 
     @property
     def greedy_copy_tile_rows(self) -> int | None:

@@ -4,8 +4,9 @@
     python -m studies.step_times --rows 1,2,4,8 --contexts 256 --forwards lean-native,lean
     python -m studies.step_times --dtype bf16 --contexts 256 --forwards lean-native,lean-native-fma --greedy
 
-Forwards: `lean-native` (the C layer, dart_core/lean_native.py; a bf16 model's products on AMX tiles where this CPU
-has them), `lean-native-fma` (the C layer, a bf16 model's products by FMAs on its widened weights), `lean` (the lean
+Forwards: `lean-native` (the C layer, dart_core/lean_native.py; a bf16 model's products from tiles where this CPU
+has a way: AMX, else AVX512-BF16), `lean-native-fma` (the C layer, a bf16 model's products by FMAs on its widened
+weights), `lean-native-dots` (by AVX512-BF16 from tiles, written out where the build has none), `lean` (the lean
 forward as torch operations, with the measured kernel plan), `transformers`. Prints ms per forward, the best of
 --rounds after a warm-up. --greedy times a greedy verify of k rows instead (the target's choice per row, as greedy
 decoding asks for it: from the output layer's copy where the C layer has one) of a forward returning every logit.
@@ -18,6 +19,7 @@ import time
 
 import torch
 
+from dart_core.machine.records import BF16_PRODUCTS
 from dart_core.setup.calibration import kernel_plan
 from dart_core.setup.loading import DEFAULT_MODEL, load_target
 from dart_core.tree import TokenTree
@@ -43,9 +45,10 @@ def forward_time(target, context: int, rows: int, rounds: int, greedy: bool = Fa
     return best * 1e3
 
 
-# each forward: the one decoding runs (TargetModel.forward_kind) and, in the C layer, whether a bf16 model's products
-# go on AMX tiles (None: where usable)
-FORWARDS = {"lean-native": ("lean-native", None), "lean-native-fma": ("lean-native", False), "lean": ("lean", None),
+# each forward: the one decoding runs (TargetModel.forward_kind) and, in the C layer, how a bf16 model's products run
+# (None: as amx_tiles.bf16_way chooses)
+FORWARDS = {"lean-native": ("lean-native", None), "lean-native-fma": ("lean-native", "off"),
+            "lean-native-dots": ("lean-native", "avx512-bf16"), "lean": ("lean", None),
             "transformers": ("transformers", None)}
 
 
@@ -73,7 +76,7 @@ def main(argv=None) -> int:
             print(f"{forward}: not available here (decoding runs {target.forward_kind})")
             continue
         if kind == "lean-native" and args.dtype == "bf16":
-            print(f"{forward}: products {'on AMX tiles' if target.bf16_tiles else 'by FMAs'}")
+            print(f"{forward}: products {BF16_PRODUCTS.get(target.bf16_tiles, 'by FMAs')}")
         for context in (int(c) for c in args.contexts.split(",")):
             times = "  ".join(f"t({k}) {forward_time(target, context, k, args.rounds, args.greedy):6.2f}" for k in rows)
             print(f"{forward:<12} context {context:4d}: {times}  ms")

@@ -47,6 +47,7 @@ ON_ATEN_KINDS = [
     "tests/test_few_rows.py::test_it_computes_what_torch_computes_for_any_shape_rows_and_bias",
     "tests/test_few_rows.py::test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count",
     "tests/test_few_rows.py::test_bf16_tiles_give_bf16_inputs_product_each_row_alone",
+    "tests/test_few_rows.py::test_avx512_bf16_gives_the_bits_of_its_written_out_arithmetic",
     "tests/test_few_rows.py::test_the_kernel_shares_torchs_openmp_runtime",
     "tests/test_few_rows.py::test_bf16_weights_give_the_fp32_product_of_the_widened_weights",
     "tests/test_few_rows.py::test_int8_weights_give_the_product_of_their_scaled_values",
@@ -70,7 +71,7 @@ ON_ATEN_KINDS = [
 ]
 # Logic on made-up hardware, timings and command lines: the same on every CPU, run in the main run only.
 ON_ANY_CPU = [
-    "tests/test_greedy_output.py::test_auto_takes_amx_else_vnni_else_the_fmas",
+    "tests/test_greedy_output.py::test_without_amx_auto_takes_vnni_and_avx512_bf16_where_built_else_the_fmas",
     "tests/test_kernels.py::test_bf16_kernels_only_where_the_cpu_has_them",
     "tests/test_kernels.py::test_stand_ins_turn_capabilities_on_where_the_machine_lacks_them",
     "tests/test_dtype_choice.py::test_bf16_only_where_it_wins_at_every_row_count",

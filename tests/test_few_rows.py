@@ -119,17 +119,21 @@ def test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count(
             torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_bf16_tiles_give_bf16_inputs_product_each_row_alone(amx):
-    """A bf16 model's product on AMX tiles (amx_tiles.c; its plain-C stand-in where AMX is not usable, or not asked
-    for): each row of x rounded to bf16, times the weight, summed in fp32, plus the bias: within fp32's rounding of the
-    exact sum, for shapes that fill no tile evenly, and every row alone the same bits as among others."""
-    kernel = real_or_why()
-    if kernel is None:
+@pytest.mark.parametrize("way, build", [("amx", "this machine's"), ("stand-in", "this machine's"),
+                                        ("avx512-bf16", "this machine's"), ("avx512-bf16", "avx2")])
+def test_bf16_tiles_give_bf16_inputs_product_each_row_alone(way, build):
+    """A bf16 model's product from tiles (amx_tiles.c), each way: on AMX (its plain-C stand-in where AMX is not
+    usable), by the stand-in, by AVX512-BF16 (where this build has it; else, and in the AVX2 build on every machine,
+    its arithmetic written out): each row of x rounded to bf16, times the weight, summed in fp32, plus the bias: within
+    fp32's rounding of the exact sum, for shapes that fill no tile evenly and row counts on and off a pass's edges, and
+    every row alone the same bits as among others."""
+    kernel = real_or_why() if build == "this machine's" else few_rows.kernel(build)
+    if kernel is None:   # (the AVX2 build: not on a CPU of another architecture)
+        assert KERNEL is None or platform.machine() not in ("x86_64", "AMD64")
         return
     from dart_core.machine import amx_tiles
     gen = torch.Generator().manual_seed(9)
-    for n, k in [(300, 64), (37, 130), (16, 3), (257, 576)]:
+    for n, k in [(300, 64), (37, 130), (16, 3), (257, 576), (49, 96)]:
         weight = torch.randn(n, k, generator=gen).bfloat16()
         tiles, bias = amx_tiles.bf16_tiles(weight), torch.randn(n, generator=gen)
         x = torch.randn(19, k, generator=gen) * 3
@@ -137,15 +141,37 @@ def test_bf16_tiles_give_bf16_inputs_product_each_row_alone(amx):
         def product(rows: torch.Tensor) -> torch.Tensor:
             y = torch.empty(rows.shape[0], n)
             kernel.lib.bf16_tiles_linear(rows.data_ptr(), tiles.data_ptr(), bias.data_ptr(), y.data_ptr(),
-                                         rows.shape[0], k, n, 2, int(amx))
+                                         rows.shape[0], k, n, 2, few_rows.BF16_WAYS[way])
             return y
         y = product(x)
         terms = x.bfloat16().double()[:, None, :] * weight.double()[None]          # [rows, n, k], each exact
         exact = terms.sum(-1) + bias.double()
         bound = (k + 2) * 2.0 ** -24 * (terms.abs().sum(-1) + bias.double().abs())  # any order of fp32 additions
         assert ((y.double() - exact).abs() <= bound).all()
-        for i in (0, 5, 18):
+        for i in (0, 5, 8, 18):
             assert torch.equal(product(x[i:i + 1].contiguous())[0], y[i])
+        assert torch.equal(product(x[3:12].contiguous()), y[3:12])
+
+
+def test_avx512_bf16_gives_the_bits_of_its_written_out_arithmetic():
+    """VDPBF16PS, where this build has it, gives the bits of the arithmetic Intel's manual gives for it, as the AVX2
+    build writes it out (and every build without AVX512-BF16): the written-out loop the suite runs on every machine
+    is the instruction's stand-in, to the bit."""
+    kernel, written_out = real_or_why(), few_rows.kernel("avx2")
+    if kernel is None or written_out is None:
+        assert KERNEL is None or platform.machine() not in ("x86_64", "AMD64")
+        return
+    from dart_core.machine import amx_tiles
+    assert not amx_tiles.bf16_dots_usable(written_out)
+    gen = torch.Generator().manual_seed(11)
+    for n, k, rows in [(300, 576, 1), (300, 576, 9), (49, 1536, 16), (33, 70, 21)]:
+        weight = torch.randn(n, k, generator=gen).bfloat16()
+        weight[0, :7] = torch.tensor([1e-39, -1e-39, 3e38, 1e-20, 1.0, 0.0, -0.0])   # subnormal, large, tiny
+        dots = amx_tiles.packed_bf16_tiles(weight, "avx512-bf16")
+        x = torch.randn(rows, k, generator=gen) * 5
+        x[0, :3] = torch.tensor([1e-39, 1e-19, 2.0])
+        bias = torch.randn(n, generator=gen)
+        assert torch.equal(kernel.linear(x, dots, bias), written_out.linear(x, dots, bias))
 
 
 @pytest.mark.parametrize("columns", [1, 15, 16, 17, 100, 49152])

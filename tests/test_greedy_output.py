@@ -222,9 +222,9 @@ def test_vnni_gives_the_stand_ins_bits(build):
             GreedyOutput(weight, kernel, torch.int8, "vnni")
 
 
-def test_auto_takes_amx_else_vnni_else_the_fmas(monkeypatch):
-    """The choice a CPU without AMX makes, on any machine: VNNI where the build has it, else the FMAs; and where AMX
-    is refused, a bf16 model's products stay on the FMAs."""
+def test_without_amx_auto_takes_vnni_and_avx512_bf16_where_built_else_the_fmas(monkeypatch):
+    """The choice a CPU without AMX makes, on any machine: VNNI where the build has it, else the FMAs; and a bf16
+    model's products by AVX512-BF16 from tiles where the build has it, else by the FMAs."""
     kernel = kernel_or_why()
     if kernel is None:
         return
@@ -235,8 +235,13 @@ def test_auto_takes_amx_else_vnni_else_the_fmas(monkeypatch):
     monkeypatch.setattr(amx_tiles, "vnni_usable", lambda kernel: False)
     assert GreedyOutput(weight, kernel, torch.int8).tiles_mode == "off"
     target = tiny_target("llama", dtype=torch.bfloat16)
-    target.use_lean()
-    assert target.lean.native is None or not target.bf16_tiles
+    for dots, way in [(True, "avx512-bf16"), (False, "")]:
+        monkeypatch.setattr(amx_tiles, "bf16_dots_usable", lambda kernel: dots)
+        target.use_lean()
+        assert target.lean.native is None or target.bf16_tiles == way
+    if target.lean.native is not None:
+        with pytest.raises(ValueError, match="bf16 tiles 'fast': one of 'off', 'amx', 'stand-in', 'avx512-bf16'"):
+            target.use_lean(tiles="fast")
 
 
 def test_tiles_are_asked_for_an_int8_copy_only():

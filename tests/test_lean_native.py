@@ -72,13 +72,14 @@ def test_prefills_take_torchs_operations_and_steps_the_c_layer(monkeypatch):
     assert target.planned_linears() == []   # no second packed copy for the kernel plan
 
 
-@pytest.mark.parametrize("tiles", [False, True])
+@pytest.mark.parametrize("tiles", ["off", "stand-in", "avx512-bf16"])
 def test_a_bf16_model_computes_in_fp32_on_its_bf16_weights_and_keeps_dart_lossless(tiles):
     """The C layer reads a bf16 model's weights widened exactly and computes in fp32: its logits are those of the fp32
     model holding the same (rounded) weights (up to the rotation, whose frequencies a bf16 model holds in bf16), its
     cache is fp32, a prefill through torch's bf16 operations fills it, and a verified tree's rows still get plain
-    decoding's bits. With its products on AMX tiles (their plain-C stand-in where this CPU has no AMX) each product's
-    input is rounded to bf16 first: the logits stay near, and the rows' bits as plain decoding's."""
+    decoding's bits. With its products from tiles (their plain-C stand-in, or by AVX512-BF16: its arithmetic written
+    out where the build has none) each product's input is rounded to bf16 first: the logits stay near, and the rows'
+    bits as plain decoding's."""
     import copy
 
     from dart_core.target import TargetModel
@@ -92,14 +93,16 @@ def test_a_bf16_model_computes_in_fp32_on_its_bf16_weights_and_keeps_dart_lossle
     half, same = TargetModel(copy.deepcopy(rounded).to(torch.bfloat16)), TargetModel(rounded)
     half.use_lean(tiles=tiles)
     same.use_lean()
-    assert half.forward_kind == "lean-native" and half.dtype == torch.bfloat16 and half.lean.native.tiles == tiles
-    near = 1e-2 if tiles else 1e-3
+    on_tiles = tiles != "off"
+    assert half.forward_kind == "lean-native" and half.dtype == torch.bfloat16
+    assert half.lean.native.tiles == (tiles if on_tiles else "")
+    near = 1e-2 if on_tiles else 1e-3
     prompt = list(range(3, 30))
     caches = [t.new_cache() for t in (half, same)]
     assert caches[0].kv.dtype == torch.float32
     logits = [t.prefill(prompt, c)[0] for t, c in zip((half, same), caches)]   # 27 rows: through the C layer
     assert logits[0].dtype == torch.float32 and torch.allclose(logits[0], logits[1], atol=near)
-    assert tiles == bool((logits[0] - logits[1]).abs().max() > 1e-4)   # on tiles, the inputs' rounding shows
+    assert on_tiles == bool((logits[0] - logits[1]).abs().max() > 1e-4)   # on tiles, the inputs' rounding shows
     step = [t.forward(torch.tensor([7]), torch.tensor([len(prompt)]), c)[0] for t, c in zip((half, same), caches)]
     assert torch.allclose(step[0], step[1], atol=near)
     long_cache = half.new_cache()
@@ -114,21 +117,22 @@ def test_a_bf16_model_computes_in_fp32_on_its_bf16_weights_and_keeps_dart_lossle
         assert torch.equal(got[node], expected[depth])
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_dart_on_a_bf16_models_tiles_decodes_as_plain_bf16_decoding(family):
-    """A bf16 model's products on AMX tiles (the stand-in where this CPU has none): DART, with trees of every size up
-    to the budget, and the lookup branch, emit what plain decoding of the same bf16 model emits."""
+@pytest.mark.parametrize("family, tiles", [("llama", "stand-in"), ("qwen3", "avx512-bf16")])
+def test_dart_on_a_bf16_models_tiles_decodes_as_plain_bf16_decoding(family, tiles):
+    """A bf16 model's products from tiles (by the stand-in, or by AVX512-BF16: its arithmetic written out where the
+    build has none): DART, with trees of every size up to the budget, and the lookup branch, emit what plain decoding
+    of the same bf16 model emits."""
     from dart_core.decoding import GenerationConfig, run
     from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
     from dart_core.setup.tiny_models import random_head, random_prompts
     from dart_core.tree_search import SearchConfig
 
     target = tiny_target(family, seed=7, dtype=torch.bfloat16)
-    target.use_lean(tiles=True)
+    target.use_lean(tiles=tiles)
     if target.lean.native is None:
         assert few_rows.why_not(target.hardware.kind)
         return
-    assert target.lean.native.tiles
+    assert target.lean.native.tiles == tiles
     proposers = [DartProposer(HeadDrafter(random_head(target), target), SearchConfig(node_budget=12)),
                  PromptLookupProposer()]
     for prompt in random_prompts(5, target.vocab_size, seed=8):

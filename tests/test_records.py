@@ -126,10 +126,15 @@ def test_the_output_copys_rows_keep_their_file_form_and_their_words():
 
 
 def test_a_bf16_models_tiles_keep_their_file_form_and_their_words():
-    tiles = MachineRecord(summary="a CPU", dtype="bf16", forward="lean-native", bf16_tiles=True)
+    tiles = MachineRecord(summary="a CPU", dtype="bf16", forward="lean-native", bf16_tiles="amx")
     assert through_json(tiles) == tiles
     assert tiles.text() == "a CPU · bf16 · lean-native forward · bf16 products on AMX tiles"
+    dots = MachineRecord(summary="a CPU", dtype="bf16", forward="lean-native", bf16_tiles="avx512-bf16")
+    assert through_json(dots) == dots
+    assert dots.text() == "a CPU · bf16 · lean-native forward · bf16 products by AVX512-BF16"
     assert "bf16_tiles" not in MachineRecord(summary="a CPU").to_dict()   # records without them read as before
+    older = tiles.to_dict() | {"bf16_tiles": True}                         # as records before the ways wrote AMX
+    assert MachineRecord.from_dict(older) == tiles
 
 
 def test_the_weights_pages_keep_their_file_form_and_their_words():

@@ -1,14 +1,14 @@
 """Weights packed as tiles for amx_tiles.c, zeros past their edges, and how their products run here: the output copy's
 integer product (tiles of 16 outputs by 64 int8 inputs, the layout AMX's int8 products read, and VNNI's a row of a
 tile at a time) and a bf16 model's products (tiles of 16 outputs by 32 bf16 inputs, the layout of AMX's bf16
-products)."""
+products, and AVX512-BF16's a row of a tile at a time)."""
 
 from __future__ import annotations
 
 import torch
 
 from . import huge_pages
-from .few_rows import FewRowsKernel, PackedWeight
+from .few_rows import BF16_WAYS, FewRowsKernel, PackedWeight
 
 TILE_N, TILE_K = 16, 64      # outputs and int8 inputs per tile (16 rows of 4)
 PAIR_K = 32                  # bf16 inputs per tile (16 rows of 2)
@@ -62,21 +62,34 @@ def bf16_tiles(weight: torch.Tensor) -> torch.Tensor:
     return huge_pages.copy_of(padded.view(b, TILE_N, c, PAIR_K // 2, 2).permute(0, 2, 3, 1, 4))
 
 
-def packed_bf16_tiles(weight: torch.Tensor) -> PackedWeight:
-    """`weight` [N, K] rounded to bf16 and packed as the bf16 product's tiles, for the few-row kernel's `linear` and the
-    C layer (their BF16_TILES kind)."""
-    return PackedWeight(bf16_tiles(weight.bfloat16()), weight.shape[0], tiles=True)
+def packed_bf16_tiles(weight: torch.Tensor, way: str) -> PackedWeight:
+    """`weight` [N, K] rounded to bf16 and packed as the bf16 product's tiles, its products to run `way` (BF16_WAYS),
+    for the few-row kernel's `linear` and the C layer."""
+    return PackedWeight(bf16_tiles(weight.bfloat16()), weight.shape[0], tiles=way)
 
 
-def bf16_on_tiles(kernel: FewRowsKernel, weights: torch.dtype, asked: bool | None) -> bool:
-    """Whether products on `weights` go on tiles: bf16 ones only, as `asked` (None: where this CPU lets our kernels
-    use AMX; True where it does not runs their plain-C stand-in, slowly: the tests' way)."""
-    return weights == torch.bfloat16 and (usable(kernel) if asked is None else asked)
+def bf16_dots_usable(kernel: FewRowsKernel) -> bool:
+    """Whether our kernels were built with AVX512-BF16's VDPBF16PS (for this CPU: it has it)."""
+    return bool(kernel.lib.bf16_dots_built())
 
 
-def pack(kernel: FewRowsKernel, weight: torch.Tensor, weights: torch.dtype, tiles: bool) -> PackedWeight:
-    """`weight` packed for the C layer in `weights`: as bf16 tiles where `tiles`, else for the few-row kernel."""
-    return packed_bf16_tiles(weight) if tiles else kernel.pack(weight, weights)
+def bf16_way(kernel: FewRowsKernel, weights: torch.dtype, asked: str | None) -> str:
+    """How products on `weights` run: "" (the FMAs on the widened weights: fp32 weights, or bf16 ones as `asked`
+    "off") or a way of BF16_WAYS for bf16 ones on tiles. `asked` None: on AMX where usable, else by AVX512-BF16
+    where built, else "". A way asked where its instruction is missing runs its stand-in, slowly: the tests' way."""
+    if asked is not None and asked != "off" and asked not in BF16_WAYS:
+        raise ValueError(f"bf16 tiles {asked!r}: one of 'off', {', '.join(repr(w) for w in BF16_WAYS)}")
+    if weights != torch.bfloat16 or asked == "off":
+        return ""
+    if asked is None:
+        return "amx" if usable(kernel) else "avx512-bf16" if bf16_dots_usable(kernel) else ""
+    return asked
+
+
+def pack(kernel: FewRowsKernel, weight: torch.Tensor, weights: torch.dtype, tiles: str) -> PackedWeight:
+    """`weight` packed for the C layer in `weights`: as bf16 tiles whose products run `tiles` (a way of BF16_WAYS),
+    else ("") for the few-row kernel."""
+    return packed_bf16_tiles(weight, tiles) if tiles else kernel.pack(weight, weights)
 
 
 def tile_sums(tiles: torch.Tensor) -> torch.Tensor:

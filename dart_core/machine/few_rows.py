@@ -1,8 +1,8 @@
 """Our own fp32 kernels for few rows, built for the CPU at hand with its C compiler: few_rows.c (a linear, on fp32 or
 bf16 weights) and lean_layer.c (a whole decoder layer on it, which dart_core/lean_native.py drives for the target and
 dart_core/draft_native.py for the draft head); with them amx_tiles.c, the output copy's integer product (on AMX
-tiles or by VNNI) and a bf16 model's products on AMX tiles (packed by amx_tiles.py), and tree_search.c, DART's tree
-search and its n-gram counts.
+tiles or by VNNI) and a bf16 model's products from tiles (on AMX or by AVX512-BF16; packed by amx_tiles.py), and
+tree_search.c, DART's tree search and its n-gram counts.
 
 A decode step computes each linear for 1 row, a verify for a handful; both read every weight once, so the kernel that
 keeps memory busy wins. torch's GEMMs leave much of it unused at 2-16 rows (docs/cpu-speed.md, section 7). The C
@@ -52,24 +52,28 @@ UNWRITABLE = "cannot write the kernels' cache folder"
 
 
 # The weights the kernel reads, and the code by which lean_layer.c is told which (its FP32/BF16/INT8_WEIGHTS); bf16
-# weights packed as AMX tiles (amx_tiles.py) are its BF16_TILES.
+# weights packed as tiles (amx_tiles.py) are its BF16_TILES plus their way's code less one.
 WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 BF16_TILES = 3
+# The ways products on bf16 tiles run (amx_tiles.c's codes): on AMX (where usable, else the stand-in), by the plain-C
+# stand-in, or by AVX512-BF16's VDPBF16PS (its arithmetic written out where the build has none).
+BF16_WAYS = {"amx": 1, "stand-in": 2, "avx512-bf16": 3}
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """A weight [N, K] packed as [ceil(N / width), K, width] (zeros past N) in fp32, bf16 or int8, and its N; int8
     weights have a scale per output (`scales`, ceil(N / width) * width floats), stored right after the blocks, where
-    the kernel reads them. `tiles`: bf16 weights packed instead as AMX tiles (amx_tiles.bf16_tiles)."""
+    the kernel reads them. `tiles`: bf16 weights packed instead as tiles (amx_tiles.bf16_tiles), and the way their
+    products run (one of BF16_WAYS); "" for weights packed for few_rows.c."""
     blocks: torch.Tensor
     out_features: int
     scales: torch.Tensor | None = None
-    tiles: bool = False
+    tiles: str = ""
 
     @property
     def kind(self) -> int:
-        return BF16_TILES if self.tiles else WEIGHT_KINDS[self.blocks.dtype]
+        return BF16_TILES + BF16_WAYS[self.tiles] - 1 if self.tiles else WEIGHT_KINDS[self.blocks.dtype]
 
     def takes(self, k: int) -> bool:
         """Whether its inputs are k long."""
@@ -132,6 +136,7 @@ class FewRowsKernel:
         self.lib.int8_tiles_product.restype = None
         self.lib.amx_tiles_usable.restype = ctypes.c_int
         self.lib.vnni_built.restype = ctypes.c_int
+        self.lib.bf16_dots_built.restype = ctypes.c_int
         self.lib.bf16_tiles_linear.argtypes = [p] * 4 + [n] * 3 + [ctypes.c_int] * 2
         self.lib.bf16_tiles_linear.restype = None
         self.lib.draft_rows_top.argtypes = [p, n, n, n, p, p, ctypes.c_int]
@@ -149,8 +154,8 @@ class FewRowsKernel:
         y = torch.empty(rows, w.out_features, dtype=torch.float32)
         args = (x.data_ptr(), w.blocks.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), rows, k,
                 w.out_features, torch.get_num_threads())
-        if w.tiles:   # on AMX where usable, else the tiles' plain-C stand-in
-            self.lib.bf16_tiles_linear(*args, 1)
+        if w.tiles:
+            self.lib.bf16_tiles_linear(*args, BF16_WAYS[w.tiles])
         else:
             (self.lib.few_rows_linear, self.lib.few_rows_linear_bf16, self.lib.few_rows_linear_i8)[w.kind](*args)
         return y

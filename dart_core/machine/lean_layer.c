@@ -24,18 +24,19 @@ void few_rows_linear_i8(const float *x, const signed char *w, const float *b, fl
                         int threads);
 void few_rows_share(const void *w, long size, long K, long N, int t, int T, const char **start, const char **end);
 void bf16_tiles_linear(const float *x, const unsigned short *tiles, const float *b, float *y, long M, long K, long N,
-                       int threads, int amx);
+                       int threads, int way);
 void bf16_tiles_share(const void *tiles, long K, long N, int t, int T, const char **start, const char **end);
 
-/* the weights' kinds (machine/few_rows.py: WEIGHT_KINDS): packed for few_rows.c, or bf16 as AMX tiles (amx_tiles.c) */
+/* the weights' kinds (machine/few_rows.py: WEIGHT_KINDS): packed for few_rows.c, or bf16 as tiles (amx_tiles.c), a
+   kind per way their products run (BF16_TILES + the way - 1: amx_tiles.BF16_WAYS) */
 enum { FP32_WEIGHTS, BF16_WEIGHTS, INT8_WEIGHTS, BF16_TILES };
-static const long WEIGHT_BYTES[] = {4, 2, 1, 2};        /* an entry's bytes, by kind */
+static const long WEIGHT_BYTES[] = {4, 2, 1};        /* an entry's bytes, by kind packed for few_rows.c */
 
 /* y = x w^T (+ b), w of the kind `weights` says */
 static void linear(const float *x, const void *w, const float *b, float *y, long M, long K, long N, int threads,
                    int weights) {
-    if (weights == BF16_TILES)
-        bf16_tiles_linear(x, w, b, y, M, K, N, threads, 1);
+    if (weights >= BF16_TILES)
+        bf16_tiles_linear(x, w, b, y, M, K, N, threads, weights - BF16_TILES + 1);
     else if (weights == BF16_WEIGHTS)
         few_rows_linear_bf16(x, w, b, y, M, K, N, threads);
     else if (weights == INT8_WEIGHTS)
@@ -314,7 +315,7 @@ void lean_layer(float *h, const float *x_in, const float *cos_, const float *sin
            (on the AMX Xeon a forward of 1-16 rows 0.6 ms sooner): spread over the thread's attention, a few lines
            at each block of keys it scores or sums, so that the attention's arithmetic and the memory overlap */
         prefetch_run pf;
-        if (weights == BF16_TILES)
+        if (weights >= BF16_TILES)
             bf16_tiles_share(o_w, H * d, D, t, T, &pf.p, &pf.end);
         else
             few_rows_share(o_w, WEIGHT_BYTES[weights], H * d, D, t, T, &pf.p, &pf.end);

@@ -23,6 +23,8 @@ DTYPE_SPELLING = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 CURVE_CONTEXT = 256        # tokens in the cache when the cost curve is measured: a typical prompt plus some output
 # how the output copy's integer product runs (machine/amx_tiles.py's modes), as a record says it
 COPY_PRODUCTS = {"amx": "on AMX tiles", "vnni": "by VNNI"}
+# how a bf16 model's products run from tiles (machine/few_rows.py's BF16_WAYS), as a record says it
+BF16_PRODUCTS = {"amx": "on AMX tiles", "avx512-bf16": "by AVX512-BF16", "stand-in": "on tiles, by the stand-in"}
 
 
 def dtype_spelling(dtype) -> str:
@@ -184,6 +186,11 @@ def _int_or_none(value) -> int | None:
     return None if value is None else int(value)
 
 
+def _bf16_way(value) -> str:
+    """A record's bf16 tiles: their way, as records older than the ways wrote it (True: AMX)."""
+    return "amx" if value is True else str(value or "")
+
+
 @dataclass
 class MachineRecord:
     """Where a run ran, as traces and the bench report record it: the hardware (and its one line as it was
@@ -201,7 +208,7 @@ class MachineRecord:
     greedy_copy_tile_rows: int | None = None   # ... computing its integer product from these rows (measured)
     huge_pages: bool | None = None   # the C layer's weights on huge pages (machine/huge_pages.py); None: no C layer
     greedy_copy_tiles: str = ""      # that product's way: "amx" or "vnni" (records older than VNNI: AMX)
-    bf16_tiles: bool = False         # a bf16 model's products on AMX tiles (lean_native.py)
+    bf16_tiles: str = ""             # a bf16 model's products from tiles, their way (lean_native.py); "": none
 
     def text(self) -> str:
         """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · output copy up to 16 rows
@@ -213,7 +220,7 @@ class MachineRecord:
         copy = f" · output copy up to {self.greedy_copy_rows} rows{tiles}" if self.greedy_copy_rows is not None else ""
         drafting = f" · drafting in {self.draft_kernels.kernels}" if self.draft_kernels is not None else ""
         pages = " · weights on huge pages" if self.huge_pages else ""
-        tiles = " · bf16 products on AMX tiles" if self.bf16_tiles else ""
+        tiles = f" · bf16 products {BF16_PRODUCTS.get(self.bf16_tiles, self.bf16_tiles)}" if self.bf16_tiles else ""
         return f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{tiles}{copy}{drafting}{pages}"
 
     def to_dict(self) -> dict:
@@ -231,7 +238,7 @@ class MachineRecord:
         if self.huge_pages is not None:
             d["huge_pages"] = self.huge_pages
         if self.bf16_tiles:
-            d["bf16_tiles"] = True
+            d["bf16_tiles"] = self.bf16_tiles
         return d
 
     @classmethod
@@ -249,4 +256,4 @@ class MachineRecord:
             greedy_copy_rows=_int_or_none(d.get("greedy_copy_rows")),
             greedy_copy_tile_rows=_int_or_none(d.get("greedy_copy_tile_rows")),
             huge_pages=bool(d["huge_pages"]) if d.get("huge_pages") is not None else None,
-            greedy_copy_tiles=str(d.get("greedy_copy_tiles") or ""), bf16_tiles=bool(d.get("bf16_tiles")))
+            greedy_copy_tiles=str(d.get("greedy_copy_tiles") or ""), bf16_tiles=_bf16_way(d.get("bf16_tiles")))
