@@ -89,6 +89,9 @@ class NativeLayers:
         # it was measured faster than the full layer (setup/calibration.py: greedy_copy_choice)
         self.greedy = GreedyOutput(lean.output.weight, kernel, GREEDY_COPY) if lean.output.bias is None else None
         self.greedy_rows = self.max_rows if self.greedy is not None else 0
+        # one-pass products of fewer rows leave the prefetching to the hardware (few_rows.c; as measured:
+        # setup/calibration.py, prefetch_choice)
+        self.prefetch_from = 1
         self.intermediate = lean.layers[0].down.in_features
         self.cos = self.sin = torch.empty(0, lean.head_dim)
 
@@ -125,6 +128,7 @@ class NativeLayers:
         block = None if block_mask is None else block_mask.to(torch.bool).contiguous()
         threads = torch.get_num_threads()
         scratch = torch.empty(lib.lean_layer_scratch(n, D, H, KV, d, I, past, threads))
+        lib.few_rows_prefetch_from(self.prefetch_from)
         kv, cap = cache.kv, cache.capacity
         layer_floats = KV * cap * d
         captured = {}

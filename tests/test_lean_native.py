@@ -9,6 +9,7 @@ import torch
 
 from dart_core.lean_native import NATIVE_ROWS
 from dart_core.machine import few_rows
+from dart_core.setup.calibration import measure_prefetch, prefetch_choice, prefetch_from
 from dart_core.setup.tiny_models import tiny_target
 from dart_core.tree import TokenTree
 
@@ -139,3 +140,39 @@ def test_dart_on_a_bf16_models_tiles_decodes_as_plain_bf16_decoding(family, tile
         plain = run(target, VanillaProposer(), prompt, GenerationConfig(max_new_tokens=20)).output_ids
         for proposer in proposers:
             assert run(target, proposer, prompt, GenerationConfig(max_new_tokens=20)).output_ids == plain, proposer.name
+
+
+def test_prefetching_ahead_starts_where_it_was_never_slower_from_there_on():
+    record = {"rows": [1, 2, 4, 8], "ahead": [1.1, 1.0, 1.0, 1.0], "hardware": [1.0, 1.0, 1.05, 1.2]}
+    assert prefetch_from(record) == 2                                  # a tie goes to prefetching, as before
+    assert prefetch_from(record | {"ahead": [0.9, 0.9, 0.9, 0.9]}) == 1
+    assert prefetch_from(record | {"ahead": [0.9, 0.9, 1.1, 1.0]}) == 8  # slower at 4: from 8, not from 1
+    assert prefetch_from(record | {"ahead": [2.0, 2.0, 2.0, 2.0]}) == 9  # never: none of the one-pass products
+
+
+def test_the_prefetch_rows_are_measured_applied_and_change_no_bit(tmp_path, monkeypatch):
+    """Prefetching the weights ahead or leaving it to the hardware is a matter of speed only: measured once per
+    machine and model (cached), applied to the C layer, kept when the C layer is made again, and a verified tree's
+    logits are the same bits either way."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = tiny_target("llama", seed=6)
+    if target.forward_kind != "lean-native":
+        assert prefetch_choice(target) is None and target.prefetch_from is None   # no C layer: nothing to measure
+        return
+    record = measure_prefetch(target, rows=(1, 4), rounds=1)
+    assert record["rows"] == [1, 4] and all(t > 0 for t in record["ahead"] + record["hardware"])
+    assert target.prefetch_from == 1   # left as it found it
+    rows = prefetch_choice(target)
+    assert rows in (1, 2, 4, 8, 9) and prefetch_choice(target) == rows   # read back: the file
+    cache = target.new_cache()
+    target.prefill([1, 7, 9, 4, 22], cache)
+    tree = TokenTree([4, 8, 9, 30, 31], [-1, 0, 0, 1, 1])
+    logits = []
+    for rows in (1, 3, 9):
+        target.use_prefetch(rows)
+        assert target.lean.native.prefetch_from == rows
+        target.rollback(cache, 5)
+        logits.append(target.verify(tree, cache)[0])
+    assert all(torch.equal(x, logits[0]) for x in logits)
+    target.use_lean()
+    assert target.prefetch_from == 9

@@ -137,6 +137,15 @@ def test_a_bf16_models_tiles_keep_their_file_form_and_their_words():
     assert MachineRecord.from_dict(older) == tiles
 
 
+def test_the_measured_prefetching_keeps_its_file_form_and_its_words():
+    ahead = MachineRecord(summary="a CPU", forward="lean-native", prefetch_from=8)
+    assert through_json(ahead) == ahead
+    assert ahead.text() == "a CPU · fp32 · lean-native forward · prefetching from 8 rows"
+    always = MachineRecord(summary="a CPU", forward="lean-native", prefetch_from=1)   # as before the measurement
+    assert through_json(always) == always and always.text() == "a CPU · fp32 · lean-native forward"
+    assert "prefetch_from" not in MachineRecord(summary="a CPU").to_dict()
+
+
 def test_the_weights_pages_keep_their_file_form_and_their_words():
     huge = MachineRecord(summary="a CPU", forward="lean-native", huge_pages=True)
     assert through_json(huge) == huge and huge.to_dict()["huge_pages"] is True

@@ -80,6 +80,12 @@ static inline vf load_i8(const signed char *p) {
    alone left it idle through the others (the AMX Xeon, the model's linears at 24 rows 24.3 -> 21.7 ms, 32 rows 29.6
    -> 26.3; prefetching two spans ahead, into L2 only, or spans of 32 or 128 inputs did no better). */
 #define PREFETCH 32
+/* One-pass products of fewer rows than this do not prefetch ahead: on the AMX Xeon prefetching kept memory busy at
+   every row count, on an EPYC Zen 5 the hardware's own prefetchers did better alone up to 4 rows (the decoder's
+   products of one row 7.71 -> 7.02 ms) and worse from 8. Set by the caller as measured (setup/calibration.py:
+   prefetch_choice); passes of more rows always prefetch. */
+static long prefetch_rows = 1;
+void few_rows_prefetch_from(long rows) { prefetch_rows = rows; }
 
 /* y[n..] = v (times the outputs' scales s where the weights are int8) (+ b). Scale and bias in one fmaf: left to the
    compiler, whether they fuse would depend on the code around, and so would an output's last bit. */
@@ -100,7 +106,8 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
         long turn = pass * SPAN, due = turn % passes;   /* several passes: a prefetch every passes-th turn */ \
         for (long k = k0; k < k1; k++, turn++) {                                                              \
             vf wv[NB];                                                                                        \
-            long ahead = passes == 1 ? k + PREFETCH : due == 0 ? k0 + SPAN + turn / passes : -1;              \
+            long ahead = passes > 1 ? (due == 0 ? k0 + SPAN + turn / passes : -1)                             \
+                                    : M >= prefetch_rows ? k + PREFETCH : -1;                                 \
             due = due == 0 ? passes - 1 : due - 1;                                                            \
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) {                                            \
                 if (ahead >= 0) __builtin_prefetch(wb + (j * K + ahead) * VW, 0, 3);                          \

@@ -137,6 +137,8 @@ class FewRowsKernel:
         self.lib.amx_tiles_usable.restype = ctypes.c_int
         self.lib.vnni_built.restype = ctypes.c_int
         self.lib.bf16_dots_built.restype = ctypes.c_int
+        self.lib.few_rows_prefetch_from.argtypes = [n]
+        self.lib.few_rows_prefetch_from.restype = None
         self.lib.bf16_tiles_linear.argtypes = [p] * 4 + [n] * 3 + [ctypes.c_int] * 2
         self.lib.bf16_tiles_linear.restype = None
         self.lib.draft_rows_top.argtypes = [p, n, n, n, p, p, ctypes.c_int]

@@ -209,6 +209,7 @@ class MachineRecord:
     huge_pages: bool | None = None   # the C layer's weights on huge pages (machine/huge_pages.py); None: no C layer
     greedy_copy_tiles: str = ""      # that product's way: "amx" or "vnni" (records older than VNNI: AMX)
     bf16_tiles: str = ""             # a bf16 model's products from tiles, their way (lean_native.py); "": none
+    prefetch_from: int | None = None  # the C layer's one-pass products prefetch from these rows (measured)
 
     def text(self) -> str:
         """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · output copy up to 16 rows
@@ -221,7 +222,9 @@ class MachineRecord:
         drafting = f" · drafting in {self.draft_kernels.kernels}" if self.draft_kernels is not None else ""
         pages = " · weights on huge pages" if self.huge_pages else ""
         tiles = f" · bf16 products {BF16_PRODUCTS.get(self.bf16_tiles, self.bf16_tiles)}" if self.bf16_tiles else ""
-        return f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{tiles}{copy}{drafting}{pages}"
+        ahead = f" · prefetching from {self.prefetch_from} rows" if (self.prefetch_from or 1) > 1 else ""
+        return (f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{tiles}{copy}{drafting}{pages}"
+                f"{ahead}")
 
     def to_dict(self) -> dict:
         d = {"hardware": self.hardware.to_dict(), "summary": self.summary,
@@ -239,6 +242,8 @@ class MachineRecord:
             d["huge_pages"] = self.huge_pages
         if self.bf16_tiles:
             d["bf16_tiles"] = self.bf16_tiles
+        if self.prefetch_from is not None:
+            d["prefetch_from"] = self.prefetch_from
         return d
 
     @classmethod
@@ -256,4 +261,5 @@ class MachineRecord:
             greedy_copy_rows=_int_or_none(d.get("greedy_copy_rows")),
             greedy_copy_tile_rows=_int_or_none(d.get("greedy_copy_tile_rows")),
             huge_pages=bool(d["huge_pages"]) if d.get("huge_pages") is not None else None,
-            greedy_copy_tiles=str(d.get("greedy_copy_tiles") or ""), bf16_tiles=_bf16_way(d.get("bf16_tiles")))
+            greedy_copy_tiles=str(d.get("greedy_copy_tiles") or ""), bf16_tiles=_bf16_way(d.get("bf16_tiles")),
+            prefetch_from=_int_or_none(d.get("prefetch_from")))

@@ -35,6 +35,8 @@ CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # verify sizes (tree n
 GPU_CURVE_ROWS = CURVE_ROWS + (96, 128, 192, 256)          # on a GPU, up to the largest budget it considers
 GREEDY_COPY_ROWS = (1, 4, 8, 16, 32, 64)   # greedy verify sizes at which the output layer's copy is timed
 CURVE_ROUNDS = 3           # timed passes over every size, interleaved (a slow moment hits all sizes alike); median
+PREFETCH_ROWS = (1, 2, 4, 8)   # greedy verify sizes at which prefetching ahead is timed against the hardware's alone
+PREFETCH_ROUNDS = 9            # (their difference is a tenth at most: more passes than the curve's)
 CURVE_FIT = "median3+isotonic"   # how the cached curve was made: a curve made another way is measured again
 FORMAT = "dart-lab-calibration/1"
 
@@ -153,7 +155,8 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
     name = machine_key(target, "cost", f"{model_name}|{target.num_layers}|{target.vocab_size}|{kernels}|{output}|"
                                        f"{CURVE_FIT}|{target.forward_kind}|{curve_rows(target.device.type)}|"
                                        f"copy {target.greedy_copy_rows}, tiles {target.greedy_copy_tile_rows}|"
-                                       f"huge pages {target.huge_pages}|bf16 tiles {target.bf16_tiles}")
+                                       f"huge pages {target.huge_pages}|bf16 tiles {target.bf16_tiles}|"
+                                       f"prefetch from {target.prefetch_from}")
     return cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
                    "the verify cost curve")
 
@@ -220,6 +223,43 @@ def greedy_copy_choice(target: TargetModel, recalibrate: bool = False) -> CopyCh
                   "the output layer's copy for greedy steps")
 
 
+@torch.inference_mode()
+def measure_prefetch(target: TargetModel, rows: tuple[int, ...] = PREFETCH_ROWS, context: int = CURVE_CONTEXT,
+                     rounds: int = PREFETCH_ROUNDS) -> dict:
+    """Seconds of a greedy verify of k tokens after `context` tokens with the C layer's products prefetching their
+    weights ahead ("ahead") and leaving it to the hardware ("hardware"), side by side: the median of `rounds`
+    interleaved passes after a warm-up."""
+    kept = target.prefetch_from
+    ways = {"ahead": lambda: target.use_prefetch(1), "hardware": lambda: target.use_prefetch(max(rows) + 1)}
+    try:
+        _, medians = _verify_times(target, rows, context, rounds, ways)
+    finally:
+        target.use_prefetch(kept)
+    return {"rows": list(rows), **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
+
+
+def prefetch_from(record: dict) -> int:
+    """From a measure_prefetch record: the fewest rows from which prefetching ahead was never slower (one more than
+    the rows measured where it was slower even at the most)."""
+    start = record["rows"][-1] + 1
+    for k, ahead, hardware in reversed(list(zip(record["rows"], record["ahead"], record["hardware"]))):
+        if ahead > hardware:
+            break
+        start = k
+    return start
+
+
+def prefetch_choice(target: TargetModel, recalibrate: bool = False) -> int | None:
+    """From how many rows the C layer's one-pass products prefetch their weights ahead here (measured once, cached);
+    None where there is no C layer."""
+    if target.prefetch_from is None:
+        return None
+    name = machine_key(target, "prefetch", f"{target.vocab_size}|{target.num_layers}|{PREFETCH_ROWS}|"
+                                           f"{target.bf16_tiles}")
+    return cached(name, recalibrate, lambda: measure_prefetch(target), prefetch_from, lambda record: record,
+                  "the weights' prefetching")
+
+
 def _one_token_forward(target: TargetModel):
     """A plain decoding step of the target, as decoding runs one between two drafting steps: it streams the target's
     weights through the caches, so the head's are timed from where decoding finds them (timed warm, int8 weights
@@ -243,7 +283,7 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
                          dtype_spelling(target.dtype), target.dtype_choice,
                          cost_curve(target, model_name) if with_curve else None, draft_kernels,
                          target.forward_kind, target.greedy_copy_rows, target.greedy_copy_tile_rows,
-                         target.huge_pages, target.greedy_copy_tiles, target.bf16_tiles)
+                         target.huge_pages, target.greedy_copy_tiles, target.bf16_tiles, target.prefetch_from)
 
 
 INT8_MARGIN = 0.9      # int8 weights (whose rows differ a little) must take at most this share of the others' best

@@ -29,7 +29,8 @@ from ..proposers import DartProposer, HeadDrafter, PromptLookupProposer, Propose
 from ..target import TargetModel
 from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
-from .calibration import cost_curve, draft_kernel_choice, greedy_copy_choice, kernel_plan, machine_record
+from .calibration import (cost_curve, draft_kernel_choice, greedy_copy_choice, kernel_plan, machine_record,
+                          prefetch_choice)
 from .dtype_choice import AUTO, FAST, DtypeChoice, choose_cpu_dtype, choose_gpu_dtype, lossless_choice
 from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_LONGEST, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
 from .hub import fetch, is_hub_id
@@ -77,6 +78,9 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
     choice = greedy_copy_choice(target, recalibrate)
     if choice is not None:
         target.use_greedy_copy(choice.rows, choice.tile_rows)
+    rows = prefetch_choice(target, recalibrate)
+    if rows is not None:
+        target.use_prefetch(rows)
     return target
 
 
