@@ -27,7 +27,7 @@ from .acceptance import greedy_ids
 from .greedy_output import GreedyOutput
 from .lean_forward import LeanForward, attention_shape
 from .machine import amx_tiles, huge_pages
-from .machine.few_rows import BF16_TILES, BF16_WAYS, WEIGHT_KINDS, FewRowsKernel, PackedWeight
+from .machine.few_rows import BF16_TILES, BF16_WAYS, WEIGHT_KINDS, FewRowsKernel, PackedWeight, Reading
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)   # the weights the C layer reads (it computes in fp32)
@@ -89,9 +89,7 @@ class NativeLayers:
         # it was measured faster than the full layer (setup/calibration.py: greedy_copy_choice)
         self.greedy = GreedyOutput(lean.output.weight, kernel, GREEDY_COPY) if lean.output.bias is None else None
         self.greedy_rows = self.max_rows if self.greedy is not None else 0
-        # one-pass products of fewer rows leave the prefetching to the hardware (few_rows.c; as measured:
-        # setup/calibration.py, prefetch_choice)
-        self.prefetch_from = 1
+        self.reading = Reading()   # how the products read the weights (as measured: setup/calibration.py)
         self.intermediate = lean.layers[0].down.in_features
         self.cos = self.sin = torch.empty(0, lean.head_dim)
 
@@ -128,7 +126,7 @@ class NativeLayers:
         block = None if block_mask is None else block_mask.to(torch.bool).contiguous()
         threads = torch.get_num_threads()
         scratch = torch.empty(lib.lean_layer_scratch(n, D, H, KV, d, I, past, threads))
-        lib.few_rows_prefetch_from(self.prefetch_from)
+        self.reading.apply(self.kernel)
         kv, cap = cache.kv, cache.capacity
         layer_floats = KV * cap * d
         captured = {}

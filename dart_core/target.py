@@ -19,6 +19,7 @@ from .lean_forward import OFF, LeanForward, StaticKV
 from .lean_native import NativeLayers
 from .lean_native import unsupported as native_unsupported
 from .machine import few_rows
+from .machine.few_rows import Reading
 from .machine.records import DtypeChoice
 from .tree import TokenTree
 
@@ -60,7 +61,7 @@ class TargetModel:
         self.lean: LeanForward | None = None
         self.greedy_copy_rows: int | None = None   # measured: greedy steps of up to these rows read the output copy
         self._copy_tile_rows: int | None = 1        # ... and from these rows on its integer product (AMX or VNNI)
-        self._prefetch_from = 1                     # measured: the C layer's products prefetch from these rows
+        self._reading = Reading()                   # measured: how the C layer's products read the weights
 
     def use_lean(self, on: bool = True, graphs: bool = True, tiles: str | None = None) -> str | None:
         """Decode through the lean forward over a static cache (dart_core.lean_forward) where this model's family
@@ -78,7 +79,7 @@ class TargetModel:
             kernel = few_rows.kernel(self.hardware.kind)
             self.lean.native = NativeLayers(self.lean, kernel, tiles) if kernel is not None else None
             self.use_greedy_copy(self.greedy_copy_rows, self._copy_tile_rows)
-            self.use_prefetch(self._prefetch_from)
+            self.use_reading(self._reading)
         return why
 
     def use_greedy_copy(self, rows: int | None, tile_rows: int | None = 1) -> None:
@@ -91,17 +92,17 @@ class TargetModel:
             native.greedy_rows = native.max_rows if rows is None else min(rows, native.max_rows)
             native.greedy.tile_rows = tile_rows
 
-    def use_prefetch(self, rows: int) -> None:
-        """The C layer's one-pass products (up to 8 rows) of fewer than `rows` rows leave prefetching their weights to
-        the hardware (machine/few_rows.c); 1: they all prefetch. As measured: setup.calibration.prefetch_choice."""
-        self._prefetch_from = rows
+    def use_reading(self, reading: Reading) -> None:
+        """How the C layer's products read their weights (machine.few_rows.Reading: prefetching ahead or not, one
+        stream for one row). As measured: setup.calibration.reading_choice."""
+        self._reading = reading
         if self._native is not None:
-            self._native.prefetch_from = rows
+            self._native.reading = reading
 
     @property
-    def prefetch_from(self) -> int | None:
-        """From how many rows the C layer's one-pass products prefetch their weights ahead; None: no C layer."""
-        return self._native.prefetch_from if self._native is not None else None
+    def reading(self) -> Reading | None:
+        """How the C layer's products read their weights; None: no C layer."""
+        return self._native.reading if self._native is not None else None
 
     @property
     def _native(self):

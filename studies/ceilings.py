@@ -7,8 +7,9 @@ weight once) and the FMA rate (each further row adds its arithmetic).
 
 Prints: the bytes of the model's decoder linears read by plain vector loads on the threads torch uses
 (studies/read_bandwidth.c, built here with the C compiler), the same bytes as our products of k rows (the median of
---rounds, the weights cold: each round streams them all), and the products' rate warm (one weight that the cores'
-caches hold, repeated), from which the least time each further row can add.
+--rounds, the weights cold: each round streams them all; up to 8 rows each way of reading them the calibration
+times, dart_core/machine/few_rows.c), and the products' rate warm (one weight that the cores' caches hold,
+repeated), from which the least time each further row can add.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from pathlib import Path
 import torch
 
 from dart_core.machine import huge_pages
+from dart_core.machine.few_rows import Reading
 from dart_core.machine.hardware import kernels_here
+from dart_core.setup.calibration import READING_WAYS
 from dart_core.setup.loading import DEFAULT_MODEL, load_target
 
 HERE = Path(__file__).resolve().parent
+PASS_ROWS = 8   # few_rows.c: rows per pass over the weights
 
 
 def build_reader(directory: Path) -> ctypes.CDLL:
@@ -96,8 +100,13 @@ def main(argv=None) -> int:
     print(f"read by plain loads: {read:.2f} ms ({size / read / 1e6:.1f} GB/s)")
     for r in rows:
         inputs = [torch.randn(r, lin.in_features) for lin in linears]
-        ms = products_ms(kernel, packed, inputs, args.rounds)
-        print(f"our products, {r:3d} rows: {ms:6.2f} ms ({read / ms:.0%} of the read's speed)")
+        for name, reading in READING_WAYS.items():
+            if r > PASS_ROWS and name != "ahead" or r > 1 and name == "one stream":
+                continue   # passes of more rows always prefetch; only one row is read as one stream
+            reading.apply(kernel)
+            ms = products_ms(kernel, packed, inputs, args.rounds)
+            print(f"our products, {r:3d} rows, {name:>10}: {ms:6.2f} ms ({read / ms:.0%} of the read's speed)")
+    Reading().apply(kernel)
     weight = linears[0].weight.detach().float()
     rates = {r: warm_gflops(kernel, weight, r) for r in (8, 16, 32)}
     best = max(rates.values())

@@ -9,7 +9,8 @@ import torch
 
 from dart_core.lean_native import NATIVE_ROWS
 from dart_core.machine import few_rows
-from dart_core.setup.calibration import measure_prefetch, prefetch_choice, prefetch_from
+from dart_core.machine.few_rows import Reading
+from dart_core.setup.calibration import READING_WAYS, measure_reading, reading_choice, reading_of
 from dart_core.setup.tiny_models import tiny_target
 from dart_core.tree import TokenTree
 
@@ -142,37 +143,40 @@ def test_dart_on_a_bf16_models_tiles_decodes_as_plain_bf16_decoding(family, tile
             assert run(target, proposer, prompt, GenerationConfig(max_new_tokens=20)).output_ids == plain, proposer.name
 
 
-def test_prefetching_ahead_starts_where_it_was_never_slower_from_there_on():
-    record = {"rows": [1, 2, 4, 8], "ahead": [1.1, 1.0, 1.0, 1.0], "hardware": [1.0, 1.0, 1.05, 1.2]}
-    assert prefetch_from(record) == 2                                  # a tie goes to prefetching, as before
-    assert prefetch_from(record | {"ahead": [0.9, 0.9, 0.9, 0.9]}) == 1
-    assert prefetch_from(record | {"ahead": [0.9, 0.9, 1.1, 1.0]}) == 8  # slower at 4: from 8, not from 1
-    assert prefetch_from(record | {"ahead": [2.0, 2.0, 2.0, 2.0]}) == 9  # never: none of the one-pass products
+def test_the_reading_prefetches_where_that_was_never_slower_and_streams_one_row_where_that_won():
+    record = {"rows": [1, 2, 4, 8], "ahead": [1.1, 1.0, 1.0, 1.0], "hardware": [1.0, 1.0, 1.05, 1.2],
+              "one stream": [1.0, 1.0, 1.05, 1.2]}
+    assert reading_of(record) == Reading(2)                                 # a tie goes to prefetching, as before
+    assert reading_of(record | {"ahead": [0.9, 0.9, 0.9, 0.9]}) == Reading(1)
+    assert reading_of(record | {"ahead": [0.9, 0.9, 1.1, 1.0]}) == Reading(8)  # slower at 4: from 8, not from 1
+    assert reading_of(record | {"ahead": [2.0, 2.0, 2.0, 2.0]}) == Reading(9)  # never: none of the one-pass products
+    assert reading_of(record | {"one stream": [0.8, 1.0, 1.05, 1.2]}) == Reading(2, one_stream=True)
 
 
-def test_the_prefetch_rows_are_measured_applied_and_change_no_bit(tmp_path, monkeypatch):
-    """Prefetching the weights ahead or leaving it to the hardware is a matter of speed only: measured once per
-    machine and model (cached), applied to the C layer, kept when the C layer is made again, and a verified tree's
-    logits are the same bits either way."""
+def test_the_reading_is_measured_applied_and_changes_no_bit(tmp_path, monkeypatch):
+    """How the products read the weights (prefetching ahead or not, one row as one stream) is a matter of speed only:
+    measured once per machine and model (cached), applied to the C layer, kept when the C layer is made again, and a
+    verified tree's logits and a one-row step's are the same bits every way."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     target = tiny_target("llama", seed=6)
     if target.forward_kind != "lean-native":
-        assert prefetch_choice(target) is None and target.prefetch_from is None   # no C layer: nothing to measure
+        assert reading_choice(target) is None and target.reading is None   # no C layer: nothing to measure
         return
-    record = measure_prefetch(target, rows=(1, 4), rounds=1)
-    assert record["rows"] == [1, 4] and all(t > 0 for t in record["ahead"] + record["hardware"])
-    assert target.prefetch_from == 1   # left as it found it
-    rows = prefetch_choice(target)
-    assert rows in (1, 2, 4, 8, 9) and prefetch_choice(target) == rows   # read back: the file
+    record = measure_reading(target, rows=(1, 4), rounds=1)
+    assert record["rows"] == [1, 4] and all(t > 0 for way in READING_WAYS for t in record[way])
+    assert target.reading == Reading()   # left as it found it
+    reading = reading_choice(target)
+    assert reading.prefetch_from in (1, 2, 4, 8, 9) and reading_choice(target) == reading   # read back: the file
     cache = target.new_cache()
     target.prefill([1, 7, 9, 4, 22], cache)
-    tree = TokenTree([4, 8, 9, 30, 31], [-1, 0, 0, 1, 1])
+    tree, step = TokenTree([4, 8, 9, 30, 31], [-1, 0, 0, 1, 1]), TokenTree([4], [-1])
     logits = []
-    for rows in (1, 3, 9):
-        target.use_prefetch(rows)
-        assert target.lean.native.prefetch_from == rows
+    for way in [Reading(1), Reading(3), Reading(9), Reading(1, one_stream=True), Reading(9, one_stream=True)]:
+        target.use_reading(way)
+        assert target.lean.native.reading == way
         target.rollback(cache, 5)
-        logits.append(target.verify(tree, cache)[0])
-    assert all(torch.equal(x, logits[0]) for x in logits)
+        logits.append((target.verify(tree, cache)[0], target.verify(step, cache)[0]))
+        target.rollback(cache, 5)
+    assert all(torch.equal(x, logits[0][0]) and torch.equal(y, logits[0][1]) for x, y in logits)
     target.use_lean()
-    assert target.prefetch_from == 9
+    assert target.reading == Reading(9, one_stream=True)

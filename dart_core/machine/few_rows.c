@@ -80,12 +80,17 @@ static inline vf load_i8(const signed char *p) {
    alone left it idle through the others (the AMX Xeon, the model's linears at 24 rows 24.3 -> 21.7 ms, 32 rows 29.6
    -> 26.3; prefetching two spans ahead, into L2 only, or spans of 32 or 128 inputs did no better). */
 #define PREFETCH 32
-/* One-pass products of fewer rows than this do not prefetch ahead: on the AMX Xeon prefetching kept memory busy at
-   every row count, on an EPYC Zen 5 the hardware's own prefetchers did better alone up to 4 rows (the decoder's
-   products of one row 7.71 -> 7.02 ms) and worse from 8. Set by the caller as measured (setup/calibration.py:
-   prefetch_choice); passes of more rows always prefetch. */
+/* How the products read their weights, as the caller measured (few_rows.Reading; setup/calibration.py:
+   reading_choice). One-pass products of fewer rows than prefetch_rows do not prefetch ahead: on the AMX Xeon
+   prefetching kept memory busy at every row count, on an EPYC Zen 5 the hardware's own prefetchers did better alone
+   up to 4 rows and worse from 8 (passes of more rows always prefetch). With one_stream, a one-row product reads its
+   blocks one after another, a single sequential stream per thread that the hardware prefetches alone: on the Zen 5
+   the decoder's products of one row 7.78 -> 6.50 ms against 8 blocks side by side without prefetching. */
 static long prefetch_rows = 1;
-void few_rows_prefetch_from(long rows) { prefetch_rows = rows; }
+static int one_stream = 0;
+void few_rows_reading(long prefetch_from, int one_row_stream) {
+    prefetch_rows = prefetch_from, one_stream = one_row_stream;
+}
 
 /* y[n..] = v (times the outputs' scales s where the weights are int8) (+ b). Scale and bias in one fmaf: left to the
    compiler, whether they fuse would depend on the code around, and so would an output's last bit. */
@@ -107,7 +112,7 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
         for (long k = k0; k < k1; k++, turn++) {                                                              \
             vf wv[NB];                                                                                        \
             long ahead = passes > 1 ? (due == 0 ? k0 + SPAN + turn / passes : -1)                             \
-                                    : M >= prefetch_rows ? k + PREFETCH : -1;                                 \
+                                    : M >= prefetch_rows && !(M == 1 && one_stream) ? k + PREFETCH : -1;      \
             due = due == 0 ? passes - 1 : due - 1;                                                            \
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) {                                            \
                 if (ahead >= 0) __builtin_prefetch(wb + (j * K + ahead) * VW, 0, 3);                          \
@@ -157,7 +162,7 @@ ALL_ROWS(signed char, i8_rows, load_i8)
         int t = 0, T = 1;                                                                                     \
         THREAD_IDS(t, T)                                                                                      \
         vf part[passes > 1 ? passes * PASS_ROWS * NB_FOR(PASS_ROWS) : 1];                                     \
-        int full = passes > 1 ? NB_FOR(PASS_ROWS) : NB_FOR(M);                                                \
+        int full = passes > 1 ? NB_FOR(PASS_ROWS) : M == 1 && one_stream ? 1 : NB_FOR(M);                     \
         long span = passes > 1 ? SPAN : K;                                                                    \
         SHARE(blocks, t, T, lo, hi)                                                                           \
         for (long blk = lo; blk < hi;) {                                                                      \

@@ -61,6 +61,19 @@ BF16_WAYS = {"amx": 1, "stand-in": 2, "avx512-bf16": 3}
 
 
 @dataclass(frozen=True)
+class Reading:
+    """How the products read their weights (few_rows.c, few_rows_reading): one-pass products (up to 8 rows) of fewer
+    than `prefetch_from` rows leave prefetching to the hardware (1: all prefetch ahead); `one_stream`: a one-row
+    product reads its blocks one after another, one sequential stream per thread, without prefetching ahead. The
+    same bits every way; which is fastest is measured (setup/calibration.py: reading_choice)."""
+    prefetch_from: int = 1
+    one_stream: bool = False
+
+    def apply(self, kernel: "FewRowsKernel") -> None:
+        kernel.lib.few_rows_reading(self.prefetch_from, int(self.one_stream))
+
+
+@dataclass(frozen=True)
 class PackedWeight:
     """A weight [N, K] packed as [ceil(N / width), K, width] (zeros past N) in fp32, bf16 or int8, and its N; int8
     weights have a scale per output (`scales`, ceil(N / width) * width floats), stored right after the blocks, where
@@ -137,8 +150,8 @@ class FewRowsKernel:
         self.lib.amx_tiles_usable.restype = ctypes.c_int
         self.lib.vnni_built.restype = ctypes.c_int
         self.lib.bf16_dots_built.restype = ctypes.c_int
-        self.lib.few_rows_prefetch_from.argtypes = [n]
-        self.lib.few_rows_prefetch_from.restype = None
+        self.lib.few_rows_reading.argtypes = [n, ctypes.c_int]
+        self.lib.few_rows_reading.restype = None
         self.lib.bf16_tiles_linear.argtypes = [p] * 4 + [n] * 3 + [ctypes.c_int] * 2
         self.lib.bf16_tiles_linear.restype = None
         self.lib.draft_rows_top.argtypes = [p, n, n, n, p, p, ctypes.c_int]

@@ -21,6 +21,7 @@ from .. import draft_native
 from ..draft_kernels import head_step, int8_copy, int8_supported, native_step, time_drafting
 from ..errors import ConfigError
 from ..machine import few_rows
+from ..machine.few_rows import Reading
 from ..machine.hardware import Hardware
 from ..machine.kernels import KernelPlan, decoder_linears, measure_plan, onednn_applies, packed_linear, shape_key
 from ..machine.records import (AUTO_KERNELS, CURVE_CONTEXT, DRAFT_KERNEL_MODES, DRAFT_KERNELS, FP32_KERNELS,
@@ -35,8 +36,12 @@ CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # verify sizes (tree n
 GPU_CURVE_ROWS = CURVE_ROWS + (96, 128, 192, 256)          # on a GPU, up to the largest budget it considers
 GREEDY_COPY_ROWS = (1, 4, 8, 16, 32, 64)   # greedy verify sizes at which the output layer's copy is timed
 CURVE_ROUNDS = 3           # timed passes over every size, interleaved (a slow moment hits all sizes alike); median
-PREFETCH_ROWS = (1, 2, 4, 8)   # greedy verify sizes at which prefetching ahead is timed against the hardware's alone
-PREFETCH_ROUNDS = 9            # (their difference is a tenth at most: more passes than the curve's)
+READING_ROWS = (1, 2, 4, 8)   # greedy verify sizes at which the ways of reading the weights are timed
+READING_ROUNDS = 9            # (they differ by a fifth at most: more passes than the curve's)
+# the ways of reading the weights timed (few_rows.Reading): prefetching ahead, leaving it to the hardware, and for one
+# row a single stream
+READING_WAYS = {"ahead": Reading(1), "hardware": Reading(READING_ROWS[-1] + 1),
+                "one stream": Reading(READING_ROWS[-1] + 1, one_stream=True)}
 CURVE_FIT = "median3+isotonic"   # how the cached curve was made: a curve made another way is measured again
 FORMAT = "dart-lab-calibration/1"
 
@@ -156,7 +161,7 @@ def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) 
                                        f"{CURVE_FIT}|{target.forward_kind}|{curve_rows(target.device.type)}|"
                                        f"copy {target.greedy_copy_rows}, tiles {target.greedy_copy_tile_rows}|"
                                        f"huge pages {target.huge_pages}|bf16 tiles {target.bf16_tiles}|"
-                                       f"prefetch from {target.prefetch_from}")
+                                       f"reading {target.reading}")
     return cached(name, recalibrate, lambda: measure_cost_curve(target), CostCurve.from_dict, CostCurve.to_dict,
                    "the verify cost curve")
 
@@ -224,40 +229,40 @@ def greedy_copy_choice(target: TargetModel, recalibrate: bool = False) -> CopyCh
 
 
 @torch.inference_mode()
-def measure_prefetch(target: TargetModel, rows: tuple[int, ...] = PREFETCH_ROWS, context: int = CURVE_CONTEXT,
-                     rounds: int = PREFETCH_ROUNDS) -> dict:
-    """Seconds of a greedy verify of k tokens after `context` tokens with the C layer's products prefetching their
-    weights ahead ("ahead") and leaving it to the hardware ("hardware"), side by side: the median of `rounds`
-    interleaved passes after a warm-up."""
-    kept = target.prefetch_from
-    ways = {"ahead": lambda: target.use_prefetch(1), "hardware": lambda: target.use_prefetch(max(rows) + 1)}
+def measure_reading(target: TargetModel, rows: tuple[int, ...] = READING_ROWS, context: int = CURVE_CONTEXT,
+                    rounds: int = READING_ROUNDS) -> dict:
+    """Seconds of a greedy verify of k tokens after `context` tokens with the C layer's products reading their weights
+    each way of READING_WAYS, side by side: the median of `rounds` interleaved passes after a warm-up."""
+    kept = target.reading
+    ways = {name: (lambda way=way: target.use_reading(way)) for name, way in READING_WAYS.items()}
     try:
         _, medians = _verify_times(target, rows, context, rounds, ways)
     finally:
-        target.use_prefetch(kept)
+        target.use_reading(kept)
     return {"rows": list(rows), **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
 
 
-def prefetch_from(record: dict) -> int:
-    """From a measure_prefetch record: the fewest rows from which prefetching ahead was never slower (one more than
-    the rows measured where it was slower even at the most)."""
+def reading_of(record: dict) -> Reading:
+    """From a measure_reading record: prefetching ahead from the fewest rows from which it was never slower than
+    leaving it to the hardware (one more than the rows measured where it was slower even at the most), and one row read
+    as one stream where that beat both."""
     start = record["rows"][-1] + 1
     for k, ahead, hardware in reversed(list(zip(record["rows"], record["ahead"], record["hardware"]))):
         if ahead > hardware:
             break
         start = k
-    return start
+    one = record["rows"][0] == 1 and record["one stream"][0] < min(record["ahead"][0], record["hardware"][0])
+    return Reading(start, one)
 
 
-def prefetch_choice(target: TargetModel, recalibrate: bool = False) -> int | None:
-    """From how many rows the C layer's one-pass products prefetch their weights ahead here (measured once, cached);
-    None where there is no C layer."""
-    if target.prefetch_from is None:
+def reading_choice(target: TargetModel, recalibrate: bool = False) -> Reading | None:
+    """How the C layer's products read their weights here (measured once, cached); None where there is no C layer."""
+    if target.reading is None:
         return None
-    name = machine_key(target, "prefetch", f"{target.vocab_size}|{target.num_layers}|{PREFETCH_ROWS}|"
-                                           f"{target.bf16_tiles}")
-    return cached(name, recalibrate, lambda: measure_prefetch(target), prefetch_from, lambda record: record,
-                  "the weights' prefetching")
+    name = machine_key(target, "reading", f"{target.vocab_size}|{target.num_layers}|{READING_ROWS}|"
+                                          f"{target.bf16_tiles}")
+    return cached(name, recalibrate, lambda: measure_reading(target), reading_of, lambda record: record,
+                  "how the products read the weights")
 
 
 def _one_token_forward(target: TargetModel):
@@ -278,12 +283,14 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
                    draft_kernels: DraftKernelChoice | None = None) -> MachineRecord:
     """Where a run ran, as traces and the bench report record it: the hardware, the kernels in use, (with_curve)
     the verify cost curve measured on it, and (draft_kernels) how DART's head drafts there."""
+    reading = target.reading
     return MachineRecord(target.hardware, target.hardware.describe(),
                          target.fast_linears.summary() if target.fast_linears is not None else None,
                          dtype_spelling(target.dtype), target.dtype_choice,
                          cost_curve(target, model_name) if with_curve else None, draft_kernels,
                          target.forward_kind, target.greedy_copy_rows, target.greedy_copy_tile_rows,
-                         target.huge_pages, target.greedy_copy_tiles, target.bf16_tiles, target.prefetch_from)
+                         target.huge_pages, target.greedy_copy_tiles, target.bf16_tiles,
+                         reading.prefetch_from if reading else None, bool(reading and reading.one_stream))
 
 
 INT8_MARGIN = 0.9      # int8 weights (whose rows differ a little) must take at most this share of the others' best
