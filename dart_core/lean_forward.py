@@ -193,7 +193,6 @@ class LeanForward:
     def step(self, ids, positions, kv, write, span: int, mask, taps: tuple[int, ...], last_only: bool):
         """The arithmetic of one forward. write: where the block's keys and values go in the cache (an int: at that
         offset; a tensor: at those indices); span: how many cache entries the attention reads (mask [n, span])."""
-        n = ids.shape[0]
         hidden = F.embedding(ids, self.embed)[None]                       # [1, n, hidden]
         cos, sin = self.rotary(hidden, positions[None])
         cos, sin = cos[:, :, None], sin[:, :, None]                        # [1, n, 1, d]: every head alike

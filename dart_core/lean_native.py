@@ -27,7 +27,7 @@ from .acceptance import greedy_ids
 from .greedy_output import GreedyOutput
 from .lean_forward import LeanForward, attention_shape
 from .machine import amx_tiles, huge_pages
-from .machine.few_rows import BF16_TILES, BF16_WAYS, WEIGHT_KINDS, FewRowsKernel, PackedWeight, Reading
+from .machine.few_rows import FewRowsKernel, PackedWeight, Reading, weight_kind
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)   # the weights the C layer reads (it computes in fp32)
@@ -78,7 +78,7 @@ class NativeLayers:
         self.max_rows = NATIVE_ROWS
         self.weights = lean.embed.dtype            # fp32 or bf16, as the model's
         self.tiles = amx_tiles.bf16_way(kernel, self.weights, tiles)      # "" where the products are FMAs
-        self.weight_kind = self.tiles and BF16_TILES + BF16_WAYS[self.tiles] - 1 or WEIGHT_KINDS[self.weights]
+        self.weight_kind = weight_kind(self.weights, self.tiles)    # what lean_layer is told
         self.norm_out = _flat(lean.norm_out)
         self.layers = [self._packed(w) for w in lean.layers]
         self.output = kernel.pack(lean.output.weight, self.weights)

@@ -60,6 +60,11 @@ BF16_TILES = 3
 BF16_WAYS = {"amx": 1, "stand-in": 2, "avx512-bf16": 3}
 
 
+def weight_kind(weights: torch.dtype, tiles: str = "") -> int:
+    """What lean_layer.c is told of weights in `weights`, or (`tiles`, a way of BF16_WAYS) of bf16 ones on tiles."""
+    return BF16_TILES + BF16_WAYS[tiles] - 1 if tiles else WEIGHT_KINDS[weights]
+
+
 @dataclass(frozen=True)
 class Reading:
     """How the products read their weights (few_rows.c, few_rows_reading): one-pass products (up to 8 rows) of fewer
@@ -86,7 +91,7 @@ class PackedWeight:
 
     @property
     def kind(self) -> int:
-        return BF16_TILES + BF16_WAYS[self.tiles] - 1 if self.tiles else WEIGHT_KINDS[self.blocks.dtype]
+        return weight_kind(self.blocks.dtype, self.tiles)
 
     def takes(self, k: int) -> bool:
         """Whether its inputs are k long."""
