@@ -138,10 +138,9 @@ def test_a_bf16_models_tiles_keep_their_file_form_and_their_words():
 
 
 def test_the_measured_reading_of_the_weights_keeps_its_file_form_and_its_words():
-    ahead = MachineRecord(summary="a CPU", forward="lean-native", prefetch_from=8, one_row_stream=True)
+    ahead = MachineRecord(summary="a CPU", forward="lean-native", prefetch_from=8, stream_rows=2)
     assert through_json(ahead) == ahead
-    assert ahead.text() == ("a CPU · fp32 · lean-native forward · prefetching from 8 rows · one row read as one "
-                            "stream")
+    assert ahead.text() == "a CPU · fp32 · lean-native forward · prefetching from 8 rows · one stream up to 2 rows"
     always = MachineRecord(summary="a CPU", forward="lean-native", prefetch_from=1)   # as before the measurement
     assert through_json(always) == always and always.text() == "a CPU · fp32 · lean-native forward"
     assert "prefetch_from" not in MachineRecord(summary="a CPU").to_dict()

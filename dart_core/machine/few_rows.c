@@ -83,13 +83,12 @@ static inline vf load_i8(const signed char *p) {
 /* How the products read their weights, as the caller measured (few_rows.Reading; setup/calibration.py:
    reading_choice). One-pass products of fewer rows than prefetch_rows do not prefetch ahead: on the AMX Xeon
    prefetching kept memory busy at every row count, on an EPYC Zen 5 the hardware's own prefetchers did better alone
-   up to 4 rows and worse from 8 (passes of more rows always prefetch). With one_stream, a one-row product reads its
-   blocks one after another, a single sequential stream per thread that the hardware prefetches alone: on the Zen 5
-   the decoder's products of one row 7.78 -> 6.50 ms against 8 blocks side by side without prefetching. */
-static long prefetch_rows = 1;
-static int one_stream = 0;
-void few_rows_reading(long prefetch_from, int one_row_stream) {
-    prefetch_rows = prefetch_from, one_stream = one_row_stream;
+   up to 4 rows and worse from 8 (passes of more rows always prefetch). A one-pass product of at most stream_rows rows
+   reads its blocks one after another, a single sequential stream per thread that the hardware prefetches alone: on
+   the Zen 5 the decoder's products of one row 7.78 -> 6.50 ms against 8 blocks side by side without prefetching. */
+static long prefetch_rows = 1, stream_rows = 0;
+void few_rows_reading(long prefetch_from, long one_stream_rows) {
+    prefetch_rows = prefetch_from, stream_rows = one_stream_rows;
 }
 
 /* y[n..] = v (times the outputs' scales s where the weights are int8) (+ b). Scale and bias in one fmaf: left to the
@@ -112,7 +111,7 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
         for (long k = k0; k < k1; k++, turn++) {                                                              \
             vf wv[NB];                                                                                        \
             long ahead = passes > 1 ? (due == 0 ? k0 + SPAN + turn / passes : -1)                             \
-                                    : M >= prefetch_rows && !(M == 1 && one_stream) ? k + PREFETCH : -1;      \
+                                    : M >= prefetch_rows && M > stream_rows ? k + PREFETCH : -1;              \
             due = due == 0 ? passes - 1 : due - 1;                                                            \
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) {                                            \
                 if (ahead >= 0) __builtin_prefetch(wb + (j * K + ahead) * VW, 0, 3);                          \
@@ -162,7 +161,7 @@ ALL_ROWS(signed char, i8_rows, load_i8)
         int t = 0, T = 1;                                                                                     \
         THREAD_IDS(t, T)                                                                                      \
         vf part[passes > 1 ? passes * PASS_ROWS * NB_FOR(PASS_ROWS) : 1];                                     \
-        int full = passes > 1 ? NB_FOR(PASS_ROWS) : M == 1 && one_stream ? 1 : NB_FOR(M);                     \
+        int full = passes > 1 ? NB_FOR(PASS_ROWS) : M <= stream_rows ? 1 : NB_FOR(M);                        \
         long span = passes > 1 ? SPAN : K;                                                                    \
         SHARE(blocks, t, T, lo, hi)                                                                           \
         for (long blk = lo; blk < hi;) {                                                                      \

@@ -68,14 +68,14 @@ def weight_kind(weights: torch.dtype, tiles: str = "") -> int:
 @dataclass(frozen=True)
 class Reading:
     """How the products read their weights (few_rows.c, few_rows_reading): one-pass products (up to 8 rows) of fewer
-    than `prefetch_from` rows leave prefetching to the hardware (1: all prefetch ahead); `one_stream`: a one-row
-    product reads its blocks one after another, one sequential stream per thread, without prefetching ahead. The
-    same bits every way; which is fastest is measured (setup/calibration.py: reading_choice)."""
+    than `prefetch_from` rows leave prefetching to the hardware (1: all prefetch ahead); those of at most
+    `stream_rows` rows read their blocks one after another, one sequential stream per thread, without prefetching
+    ahead (0: none). The same bits every way; which is fastest is measured (setup/calibration.py: reading_choice)."""
     prefetch_from: int = 1
-    one_stream: bool = False
+    stream_rows: int = 0
 
     def apply(self, kernel: "FewRowsKernel") -> None:
-        kernel.lib.few_rows_reading(self.prefetch_from, int(self.one_stream))
+        kernel.lib.few_rows_reading(self.prefetch_from, self.stream_rows)
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ class FewRowsKernel:
         self.lib.amx_tiles_usable.restype = ctypes.c_int
         self.lib.vnni_built.restype = ctypes.c_int
         self.lib.bf16_dots_built.restype = ctypes.c_int
-        self.lib.few_rows_reading.argtypes = [n, ctypes.c_int]
+        self.lib.few_rows_reading.argtypes = [n, n]
         self.lib.few_rows_reading.restype = None
         self.lib.bf16_tiles_linear.argtypes = [p] * 4 + [n] * 3 + [ctypes.c_int] * 2
         self.lib.bf16_tiles_linear.restype = None

@@ -210,7 +210,7 @@ class MachineRecord:
     greedy_copy_tiles: str = ""      # that product's way: "amx" or "vnni" (records older than VNNI: AMX)
     bf16_tiles: str = ""             # a bf16 model's products from tiles, their way (lean_native.py); "": none
     prefetch_from: int | None = None  # the C layer's one-pass products prefetch from these rows (measured)
-    one_row_stream: bool = False      # ... and read one row's weights as one stream (measured)
+    stream_rows: int = 0              # ... and read as one stream up to these rows (measured)
 
     def text(self) -> str:
         """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · output copy up to 16 rows
@@ -224,7 +224,7 @@ class MachineRecord:
         pages = " · weights on huge pages" if self.huge_pages else ""
         tiles = f" · bf16 products {BF16_PRODUCTS.get(self.bf16_tiles, self.bf16_tiles)}" if self.bf16_tiles else ""
         ahead = f" · prefetching from {self.prefetch_from} rows" if (self.prefetch_from or 1) > 1 else ""
-        ahead += " · one row read as one stream" if self.one_row_stream else ""
+        ahead += f" · one stream up to {self.stream_rows} rows" if self.stream_rows else ""
         return (f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{tiles}{copy}{drafting}{pages}"
                 f"{ahead}")
 
@@ -246,8 +246,8 @@ class MachineRecord:
             d["bf16_tiles"] = self.bf16_tiles
         if self.prefetch_from is not None:
             d["prefetch_from"] = self.prefetch_from
-        if self.one_row_stream:
-            d["one_row_stream"] = True
+        if self.stream_rows:
+            d["stream_rows"] = self.stream_rows
         return d
 
     @classmethod
@@ -266,4 +266,4 @@ class MachineRecord:
             greedy_copy_tile_rows=_int_or_none(d.get("greedy_copy_tile_rows")),
             huge_pages=bool(d["huge_pages"]) if d.get("huge_pages") is not None else None,
             greedy_copy_tiles=str(d.get("greedy_copy_tiles") or ""), bf16_tiles=_bf16_way(d.get("bf16_tiles")),
-            prefetch_from=_int_or_none(d.get("prefetch_from")), one_row_stream=bool(d.get("one_row_stream")))
+            prefetch_from=_int_or_none(d.get("prefetch_from")), stream_rows=int(d.get("stream_rows") or 0))
