@@ -143,6 +143,8 @@ def test_the_measured_reading_of_the_weights_keeps_its_file_form_and_its_words()
     assert ahead.text() == "a CPU · fp32 · lean-native forward · prefetching from 8 rows · one stream up to 2 rows"
     always = MachineRecord(summary="a CPU", forward="lean-native", prefetch_from=1)   # as before the measurement
     assert through_json(always) == always and always.text() == "a CPU · fp32 · lean-native forward"
+    one = MachineRecord(summary="a CPU", forward="lean-native", prefetch_from=8, stream_rows=1)
+    assert one.text().endswith("prefetching from 8 rows · one stream up to 1 row")
     assert "prefetch_from" not in MachineRecord(summary="a CPU").to_dict()
 
 

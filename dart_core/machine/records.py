@@ -224,7 +224,8 @@ class MachineRecord:
         pages = " · weights on huge pages" if self.huge_pages else ""
         tiles = f" · bf16 products {BF16_PRODUCTS.get(self.bf16_tiles, self.bf16_tiles)}" if self.bf16_tiles else ""
         ahead = f" · prefetching from {self.prefetch_from} rows" if (self.prefetch_from or 1) > 1 else ""
-        ahead += f" · one stream up to {self.stream_rows} rows" if self.stream_rows else ""
+        rows = "1 row" if self.stream_rows == 1 else f"{self.stream_rows} rows"
+        ahead += f" · one stream up to {rows}" if self.stream_rows else ""
         return (f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{tiles}{copy}{drafting}{pages}"
                 f"{ahead}")
 
