@@ -8,7 +8,7 @@ scale per output, a quarter (`--draft-kernels native-int8`; the set-up code time
 
 The head's own safetensors hold bf16 weights, so a head loaded from its file loses nothing in bf16; a head whose
 weights are finer (fresh from training) drafts from their bf16 rounding, and int8 rounds them further. On a CPU with
-AMX the bf16 products run on AMX tiles (machine/amx_tiles.c), on one with AVX512-BF16 from the same tiles by
+AMX the bf16 products run on AMX tiles (machine/bf16_tiles.c), on one with AVX512-BF16 from the same tiles by
 VDPBF16PS, each product's input rounded to bf16 too. Either way the draft only proposes: the target verifies every
 token, so the emitted tokens never depend on it.
 """

@@ -14,7 +14,7 @@ largest lower end. Those are computed by the same fp32 product as the full layer
 bits, and the first of their maxima is the argmax of the full layer, ties included. For the default model a row
 leaves a median of 66 outputs of 49,152 in doubt with the int8 copy, 2 with a bf16 one (docs/cpu-speed.md, section 11).
 
-With an int8 copy on a CPU with AMX, the copy's product runs on AMX tiles (machine/amx_tiles.c), x written as two
+With an int8 copy on a CPU with AMX, the copy's product runs on AMX tiles (machine/int8_tiles.c), x written as two
 int8 digits per input; the bound then widens by |x - x~|_2 times the copy's largest row norm, a few parts in ten
 thousand of |x|. An fp32 product of the int8 copy is bound by arithmetic from 8 rows; the tiles' cost hardly grows
 with the rows, though at one row they can cost a little more: steps of fewer rows than `tile_rows` (measured per

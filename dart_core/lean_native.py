@@ -12,7 +12,7 @@ tree's rows get exactly the logits plain decoding gets for the same prefix (test
 A bf16 model's weights are read in bf16 (widened exactly as they are loaded: half the bytes of fp32), its activations,
 keys and values kept in fp32: a bf16 model's steps cost about half its fp32 steps, and, every row computed alone, DART
 in bf16 is token-identical to plain decoding in bf16 too (a bf16 prefill writes its keys and values into the fp32
-cache: LeanForward.new_cache). On a CPU with AMX a bf16 model's products run on AMX tiles instead (machine/amx_tiles.c:
+cache: LeanForward.new_cache). On a CPU with AMX a bf16 model's products run on AMX tiles instead (machine/bf16_tiles.c:
 each row's input rounded to bf16, as torch's bf16 products round it), where many rows cost hardly more than one: a
 verified tree costs little more than a plain step (docs/cpu-speed.md, section 17); on one with AVX512-BF16 and no AMX,
 from the same tiles by VDPBF16PS, twice the FMAs' products an instruction (section 18).

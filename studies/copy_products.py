@@ -1,5 +1,5 @@
 """The output copy's product each way this CPU has, side by side: fp32 FMAs on the widened int8 copy, its integer sums
-by AVX-512 VNNI, and on AMX tiles (dart_core/greedy_output.py, machine/amx_tiles.c).
+by AVX-512 VNNI, and on AMX tiles (dart_core/greedy_output.py, machine/int8_tiles.c).
 
     python -m studies.copy_products                   # the default model; 1 to 32 rows
     python -m studies.copy_products --rows 1,8,16 --rounds 25

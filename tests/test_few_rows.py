@@ -122,7 +122,7 @@ def test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count(
 @pytest.mark.parametrize("way, build", [("amx", "this machine's"), ("stand-in", "this machine's"),
                                         ("avx512-bf16", "this machine's"), ("avx512-bf16", "avx2")])
 def test_bf16_tiles_give_bf16_inputs_product_each_row_alone(way, build):
-    """A bf16 model's product from tiles (amx_tiles.c), each way: on AMX (its plain-C stand-in where AMX is not
+    """A bf16 model's product from tiles (bf16_tiles.c), each way: on AMX (its plain-C stand-in where AMX is not
     usable), by the stand-in, by AVX512-BF16 (where this build has it; else, and in the AVX2 build on every machine,
     its arithmetic written out): each row of x rounded to bf16, times the weight, summed in fp32, plus the bias: within
     fp32's rounding of the exact sum, for shapes that fill no tile evenly and row counts on and off a pass's edges, and

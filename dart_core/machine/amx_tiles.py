@@ -1,4 +1,4 @@
-"""Weights packed as tiles for amx_tiles.c, zeros past their edges, and how their products run here: the output copy's
+"""Weights packed as tiles for int8_tiles.c and bf16_tiles.c, zeros past their edges, and how their products run here: the output copy's
 integer product (tiles of 16 outputs by 64 int8 inputs, the layout AMX's int8 products read, and VNNI's a row of a
 tile at a time) and a bf16 model's products (tiles of 16 outputs by 32 bf16 inputs, the layout of AMX's bf16
 products, and AVX512-BF16's a row of a tile at a time)."""
@@ -12,7 +12,7 @@ from .few_rows import BF16_WAYS, FewRowsKernel, PackedWeight
 
 TILE_N, TILE_K = 16, 64      # outputs and int8 inputs per tile (16 rows of 4)
 PAIR_K = 32                  # bf16 inputs per tile (16 rows of 2)
-# how a product runs: not from the tiles (the FMAs), on AMX, by the plain-C stand-in, or by VNNI (amx_tiles.c's modes)
+# how a product runs: not from the tiles (the FMAs), on AMX, by the plain-C stand-in, or by VNNI (int8_tiles.c's modes)
 MODES = {"off": 0, "amx": 1, "stand-in": 2, "vnni": 3}
 
 
@@ -53,7 +53,7 @@ def int8_tiles(copy: PackedWeight, k: int) -> torch.Tensor:
 
 
 def bf16_tiles(weight: torch.Tensor) -> torch.Tensor:
-    """A bf16 weight [N, K] as the tiles of amx_tiles.c's bf16 product, [ceil(N / 16), ceil(K / 32), 16, 16, 2]: for
+    """A bf16 weight [N, K] as the tiles of bf16_tiles.c's product, [ceil(N / 16), ceil(K / 32), 16, 16, 2]: for
     each block of 16 outputs and chunk of 32 inputs, 16 pairs of inputs of every output."""
     n, k = weight.shape
     padded = torch.zeros(-(-n // TILE_N) * TILE_N, -(-k // PAIR_K) * PAIR_K, dtype=torch.bfloat16)

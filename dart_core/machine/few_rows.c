@@ -292,7 +292,7 @@ void few_rows_argmax(const float *y, long M, long N, int threads, long *out) {
    w's own rows (w: [N, K] row-major, fp32, or bf16 (w_kind 1), widened exactly as the bf16 product widens them).
    scratch: M * N floats. A row with a NaN or an infinity anywhere takes every output exactly. candidates (may be
    NULL): how many outputs each row computed exactly. With tiles_mode 1 (AMX), 2 (its stand-in) or 3 (VNNI) an int8
-   copy's product is computed from the same copy packed as tiles (amx_tiles.c; tiles_sums: each output's sum of
+   copy's product is computed from the same copy packed as tiles (int8_tiles.c; tiles_sums: each output's sum of
    weights, which VNNI reads), x written as two int8 digits per input; each row's bound then widens by |x - x~|_2
    times tiles_norm, the copy's largest row norm (rounded up). */
 /* Entry `at` of a weight in fp32, or in bf16 (kind 1) widened exactly, as load_bf16 widens it. */

@@ -1,8 +1,8 @@
 """Our own fp32 kernels for few rows, built for the CPU at hand with its C compiler: few_rows.c (a linear, on fp32 or
 bf16 weights) and lean_layer.c (a whole decoder layer on it, which dart_core/lean_native.py drives for the target and
-dart_core/draft_native.py for the draft head); with them amx_tiles.c, the output copy's integer product (on AMX
-tiles or by VNNI) and a bf16 model's products from tiles (on AMX or by AVX512-BF16; packed by amx_tiles.py), and
-tree_search.c, DART's tree search and its n-gram counts.
+dart_core/draft_native.py for the draft head); with them int8_tiles.c, the output copy's integer product (on AMX
+tiles or by VNNI), and bf16_tiles.c, a bf16 model's products from tiles (on AMX or by AVX512-BF16; both packed by
+amx_tiles.py), and tree_search.c, DART's tree search and its n-gram counts.
 
 A decode step computes each linear for 1 row, a verify for a handful; both read every weight once, so the kernel that
 keeps memory busy wins. torch's GEMMs leave much of it unused at 2-16 rows (docs/cpu-speed.md, section 7). The C
@@ -34,15 +34,17 @@ from . import huge_pages
 from .cpu_info import cpu_flags, cpu_name
 from .paths import cache_root
 
-# the few-row linear, the decoder layer built on it (dart_core/lean_native.py, draft_native.py), the tree search
+# the few-row linear, the products from tiles, the decoder layer built on them (dart_core/lean_native.py,
+# draft_native.py), the tree search; and the header the tiles' two share
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("few_rows.c", "amx_tiles.c", "lean_layer.c", "tree_search.c"))
+                for name in ("few_rows.c", "int8_tiles.c", "bf16_tiles.c", "lean_layer.c", "tree_search.c"))
+HEADERS = (Path(__file__).with_name("tiles.h"),)
 BUILD_SECONDS = 120
 # The instruction set the build targets, by CPU kind (hardware.CPU_KINDS): a process held to an older kind gets that
 # kind's code, as torch's own kernels do; the machine's own kind gets everything its CPU has.
 MARCH = {"x86-64": "-march=x86-64", "avx2": "-march=x86-64-v3",
          # not kinds of hardware.CPU_KINDS: the build an AVX2 CPU with AVX-VNNI gets (Intel's client cores since Alder
-         # Lake), and the same loop with the instruction written out, for the tests and studies (amx_tiles.c's 256-bit
+         # Lake), and the same loop with the instruction written out, for the tests and studies (int8_tiles.c's 256-bit
          # VNNI); a CPU without AVX-VNNI asked for the first gets the second
          "avx2-vnni": "-march=x86-64-v3 -mavxvnni", "avx2-vnni-stand-in": "-march=x86-64-v3 -DVNNI_256_STAND_IN"}
 # What a build needs of the machine beyond our sources: where this fails too, the toolchain is what is missing.
@@ -55,7 +57,7 @@ UNWRITABLE = "cannot write the kernels' cache folder"
 # weights packed as tiles (amx_tiles.py) are its BF16_TILES plus their way's code less one.
 WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 BF16_TILES = 3
-# The ways products on bf16 tiles run (amx_tiles.c's codes): on AMX (where usable, else the stand-in), by the plain-C
+# The ways products on bf16 tiles run (bf16_tiles.c's codes): on AMX (where usable, else the stand-in), by the plain-C
 # stand-in, or by AVX512-BF16's VDPBF16PS (its arithmetic written out where the build has none).
 BF16_WAYS = {"amx": 1, "stand-in": 2, "avx512-bf16": 3}
 
@@ -248,7 +250,7 @@ def _built(kind: str) -> FewRowsKernel | str:
 
 def sources_digest() -> str:
     """Our C sources, as a digest: what a measurement of the kernels depends on besides the machine."""
-    return hashlib.sha256("\n".join(source.read_text() for source in SOURCES).encode()).hexdigest()[:16]
+    return hashlib.sha256("\n".join(source.read_text() for source in SOURCES + HEADERS).encode()).hexdigest()[:16]
 
 
 def _library_path(compiler: str, flags: list[str]) -> Path:

@@ -27,7 +27,7 @@ void bf16_tiles_linear(const float *x, const unsigned short *tiles, const float 
                        int threads, int way);
 void bf16_tiles_share(const void *tiles, long K, long N, int t, int T, const char **start, const char **end);
 
-/* the weights' kinds (machine/few_rows.py: WEIGHT_KINDS): packed for few_rows.c, or bf16 as tiles (amx_tiles.c), a
+/* the weights' kinds (machine/few_rows.py: WEIGHT_KINDS): packed for few_rows.c, or bf16 as tiles (bf16_tiles.c), a
    kind per way their products run (BF16_TILES + the way - 1: amx_tiles.BF16_WAYS) */
 enum { FP32_WEIGHTS, BF16_WEIGHTS, INT8_WEIGHTS, BF16_TILES };
 static const long WEIGHT_BYTES[] = {4, 2, 1};        /* an entry's bytes, by kind packed for few_rows.c */
