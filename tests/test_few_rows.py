@@ -208,6 +208,9 @@ def test_bad_inputs_are_refused_in_one_line():
         kernel.linear(torch.randn(2, 15), w, None)
     with pytest.raises(ValueError, match="few-row kernel"):
         kernel.linear(torch.randn(2, 16, dtype=torch.float64), w, None)
+    other = few_rows.pack(torch.randn(8, 16), 2 * kernel.width)   # not the groups this build reads
+    with pytest.raises(ValueError, match=f"packed {2 * kernel.width} outputs wide"):
+        kernel.linear(torch.randn(2, 16), other, None)
 
 
 def test_a_build_that_cannot_happen_says_why(tmp_path, monkeypatch):

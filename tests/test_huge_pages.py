@@ -89,9 +89,9 @@ def test_packed_weights_and_their_products_are_the_same_on_either_pages(switch):
     weight, x = torch.randn(4000, 576, generator=gen), torch.randn(9, 576, generator=gen)   # int8: 2.3 MB
     for dtype in few_rows.WEIGHT_KINDS:
         huge_pages.use(True)
-        on = few_rows.pack(weight, 16, dtype)
+        on = kernel.pack(weight, dtype)
         huge_pages.use(False)
-        off = few_rows.pack(weight, 16, dtype)
+        off = kernel.pack(weight, dtype)
         assert torch.equal(on.blocks, off.blocks), dtype
         assert (on.scales is None) == (off.scales is None)
         if on.scales is not None:

@@ -2,10 +2,11 @@
 
    Such a product reads every weight once and does little with it, so it is bound by memory; torch's GEMMs are built
    for many rows and leave bandwidth unused at 2-16 (docs/cpu-speed.md, section 7). Here the weight is packed once
-   as [ceil(N / VW), K, VW]: VW consecutive outputs side by side for each k, so one vector load of the weight feeds an
-   FMA per row with x[m, k] broadcast, no horizontal sums. Each output is summed in the same order (k ascending, one
-   FMA each) whatever M is, so a row's result does not depend on the rows computed with it: verifying a tree gives
-   exactly the logits plain decoding gives for the same prefix (up to attention).
+   as [ceil(N / W), K, W], W = GROUP * VW: W consecutive outputs side by side for each k, so one vector load of the
+   weight (a block of VW outputs) feeds an FMA per row with x[m, k] broadcast, no horizontal sums, and the GROUP blocks
+   of a group are read as one sequential stream, each block's sums a chain of its own. Each output is summed in the
+   same order (k ascending, one FMA each) whatever M is, so a row's result does not depend on the rows computed with
+   it: verifying a tree gives exactly the logits plain decoding gives for the same prefix (up to attention).
 
    The same product reads bf16 weights too (few_rows_linear_bf16: a bf16 model's, the draft head's): each is widened
    to fp32 exactly (its 16 bits become the top half of a float) as it is loaded, so it reads half the bytes and
@@ -64,10 +65,19 @@ static inline vf load_i8(const signed char *p) {
 #endif
 }
 
-/* Blocks of VW outputs done together: as many as the registers hold with M accumulators each (at most 8). */
-#define NB_MAX(M) ((REGS - 1) / ((M) + 1))
-#define NB_FOR(M) (NB_MAX(M) > 8 ? 8 : (NB_MAX(M) < 1 ? 1 : NB_MAX(M)))
 #define PASS_ROWS 8   /* rows per pass over a weight's blocks: more rows take more passes */
+/* Blocks done together: as many as the registers hold with M accumulators each. */
+#define NB_MAX(M) ((REGS - 1) / ((M) + 1))
+/* Blocks of VW outputs side by side in the packed weight, a group: as many as a pass of PASS_ROWS rows does together
+   (3 with AVX-512), at least 2. A product reads a group as one sequential stream, GROUP vectors per input, every
+   row's GROUP sums independent chains, and every row count up to PASS_ROWS takes a whole group at a time. On an EPYC
+   Zen 5 (the decoder's linears, ms, 1/2/4/8/16 rows) against blocks packed one after another (one block at a time,
+   or up to 8 side by side from separate places in memory, each as measured best): 5.07/5.45/6.25/6.54/8.39 ->
+   5.11/5.22/5.19/5.54/7.82; groups of 2 or 4 did worse from 4 rows, and an int8 copy of the output layer (one row)
+   0.51 -> 0.41 ms. */
+#define GROUP (NB_MAX(PASS_ROWS) > 2 ? NB_MAX(PASS_ROWS) : 2)
+#define W (GROUP * VW)
+#define NB_FOR(M) (NB_MAX(M) > GROUP ? GROUP : (NB_MAX(M) < 1 ? 1 : NB_MAX(M)))
 /* Passes of more rows go over a block set SPAN inputs at a time: the first pass reads the span's weights from memory,
    the others from L1, so memory stays busy (whole blocks per pass left it idle in every pass but the first: on the
    AMX Xeon 16 rows took 1.6x one row, at most 1.1x with spans). */
@@ -81,15 +91,11 @@ static inline vf load_i8(const signed char *p) {
    -> 26.3; prefetching two spans ahead, into L2 only, or spans of 32 or 128 inputs did no better). */
 #define PREFETCH 32
 /* How the products read their weights, as the caller measured (few_rows.Reading; setup/calibration.py:
-   reading_choice). One-pass products of fewer rows than prefetch_rows do not prefetch ahead: on the AMX Xeon
-   prefetching kept memory busy at every row count, on an EPYC Zen 5 the hardware's own prefetchers did better alone
-   up to 4 rows and worse from 8 (passes of more rows always prefetch). A one-pass product of at most stream_rows rows
-   reads its blocks one after another, a single sequential stream per thread that the hardware prefetches alone: on
-   the Zen 5 the decoder's products of one row 7.78 -> 6.50 ms against 8 blocks side by side without prefetching. */
-static long prefetch_rows = 1, stream_rows = 0;
-void few_rows_reading(long prefetch_from, long one_stream_rows) {
-    prefetch_rows = prefetch_from, stream_rows = one_stream_rows;
-}
+   reading_choice): one-pass products of fewer than prefetch_rows rows do not prefetch ahead. On the AMX Xeon
+   prefetching kept memory busy at every row count; on an EPYC Zen 5 the hardware's own prefetchers did as well alone
+   for one row, worse from 2 (passes of more rows always prefetch). */
+static long prefetch_rows = 1;
+void few_rows_reading(long prefetch_from) { prefetch_rows = prefetch_from; }
 
 /* y[n..] = v (times the outputs' scales s where the weights are int8) (+ b). Scale and bias in one fmaf: left to the
    compiler, whether they fuse would depend on the code around, and so would an output's last bit. */
@@ -98,24 +104,24 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
         y[n + i] = s && b ? fmaf(v[i], s[n + i], b[n + i]) : s ? v[i] * s[n + i] : b ? v[i] + b[n + i] : v[i];
 }
 
-/* M rows' sums over inputs k0 .. k1 - 1 for NB blocks from blk, pass `pass` of `passes` over them: started at zero
-   (k0 = 0) or from `part`, kept in `part` or (k1 = K) stored as outputs. Each output gets one FMA per input, in
-   ascending order, whatever M. */
+/* M rows' sums over inputs k0 .. k1 - 1 for NB blocks from blk (within one group, whose inputs lie ks entries
+   apart), pass `pass` of `passes` over them: started at zero (k0 = 0) or from `part`, kept in `part` or (k1 = K)
+   stored as outputs. Each output gets one FMA per input, in ascending order, whatever M. */
 #define UNIT(M, NB, LOAD)                                                                                     \
     {                                                                                                         \
         vf acc[M][NB];                                                                                        \
         _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                                                   \
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[m][j] = k0 ? part[m * NB + j] : (vf){0}; \
-        const __typeof__(*w) *wb = w + blk * K * VW;                                                          \
+        const __typeof__(*w) *wb = w + blk / GROUP * K * W + blk % GROUP * VW;                                \
         long turn = pass * SPAN, due = turn % passes;   /* several passes: a prefetch every passes-th turn */ \
         for (long k = k0; k < k1; k++, turn++) {                                                              \
             vf wv[NB];                                                                                        \
             long ahead = passes > 1 ? (due == 0 ? k0 + SPAN + turn / passes : -1)                             \
-                                    : M >= prefetch_rows && M > stream_rows ? k + PREFETCH : -1;              \
+                                    : M >= prefetch_rows ? k + PREFETCH : -1;                                 \
             due = due == 0 ? passes - 1 : due - 1;                                                            \
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) {                                            \
-                if (ahead >= 0) __builtin_prefetch(wb + (j * K + ahead) * VW, 0, 3);                          \
-                wv[j] = LOAD(wb + (j * K + k) * VW);                                                          \
+                if (ahead >= 0) __builtin_prefetch(wb + ahead * ks + j * VW, 0, 3);                           \
+                wv[j] = LOAD(wb + k * ks + j * VW);                                                           \
             }                                                                                                 \
             _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) {                                             \
                 float xs = x[m * K + k];                                                                      \
@@ -134,8 +140,8 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
    when several share the blocks) or 1 (the few left at a group's end). */
 #define ROWS(M, WT, NAME, LOAD)                                                                               \
     static void NAME##_##M(const float *restrict x, const WT *restrict w, const float *restrict b,            \
-                           const float *restrict s, float *restrict y, long K, long N, long blk, int nb,      \
-                           long k0, long k1, vf *restrict part, long pass, long passes) {                     \
+                           const float *restrict s, float *restrict y, long K, long N, long ks, long blk,     \
+                           int nb, long k0, long k1, vf *restrict part, long pass, long passes) {             \
         if (nb == NB_FOR(M)) UNIT(M, NB_FOR(M), LOAD)                                                         \
         else if (nb == NB_FOR(PASS_ROWS)) UNIT(M, NB_FOR(PASS_ROWS), LOAD)                                    \
         else UNIT(M, 1, LOAD)                                                                                 \
@@ -144,33 +150,36 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
     ROWS(1, WT, NAME, LOAD) ROWS(2, WT, NAME, LOAD) ROWS(3, WT, NAME, LOAD) ROWS(4, WT, NAME, LOAD)           \
     ROWS(5, WT, NAME, LOAD) ROWS(6, WT, NAME, LOAD) ROWS(7, WT, NAME, LOAD) ROWS(8, WT, NAME, LOAD)           \
     static void (*const NAME[PASS_ROWS + 1])(const float *, const WT *, const float *, const float *, float *, \
-                                            long, long, long, int, long, long, vf *, long, long) = {          \
+                                            long, long, long, long, int, long, long, vf *, long, long) = {    \
         0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6, NAME##_7, NAME##_8};
 ALL_ROWS(float, f32_rows, load_f32)
 ALL_ROWS(bf16, bf16_rows, load_bf16)
 ALL_ROWS(signed char, i8_rows, load_i8)
 
-/* Thread t of T computes blocks lo .. hi - 1 of every product (few_rows_share gives its bytes). */
+/* Thread t of T computes blocks lo .. hi - 1 of every product (few_rows_share gives its bytes): a group at the
+   boundary between two threads' shares is read in part by each. */
 #define SHARE(blocks, t, T, lo, hi) long lo = (blocks) * (t) / (T), hi = (blocks) * ((t) + 1) / (T);
 
-/* Each thread takes a share of the blocks, a block set at a time. Rows that fit one pass go over each set once; more
-   rows go over it a span at a time, every pass per span, each pass's sums kept in `part` between spans. */
+/* Each thread takes a share of the blocks, a block set within a group at a time. Rows that fit one pass go over each
+   set once; more rows go over it a span at a time, every pass per span, each pass's sums kept in `part` between
+   spans. */
 #define LINEAR(BY_ROWS)                                                                                       \
     long blocks = (N + VW - 1) / VW, passes = (M + PASS_ROWS - 1) / PASS_ROWS;                                \
     _Pragma("omp parallel num_threads(threads)") {                                                            \
         int t = 0, T = 1;                                                                                     \
         THREAD_IDS(t, T)                                                                                      \
         vf part[passes > 1 ? passes * PASS_ROWS * NB_FOR(PASS_ROWS) : 1];                                     \
-        int full = passes > 1 ? NB_FOR(PASS_ROWS) : M <= stream_rows ? 1 : NB_FOR(M);                        \
+        int full = passes > 1 ? NB_FOR(PASS_ROWS) : NB_FOR(M);                                            \
         long span = passes > 1 ? SPAN : K;                                                                    \
         SHARE(blocks, t, T, lo, hi)                                                                           \
         for (long blk = lo; blk < hi;) {                                                                      \
-            int nb = blk + full <= hi ? full : 1;                                                             \
+            long room = GROUP - blk % GROUP < hi - blk ? GROUP - blk % GROUP : hi - blk;                      \
+            int nb = full <= room ? full : 1;                                                                 \
             for (long k0 = 0; k0 < K; k0 += span) {                                                           \
                 long k1 = k0 + span < K ? k0 + span : K;                                                      \
                 for (long p = 0; p < passes; p++) {                                                           \
                     long m0 = p * PASS_ROWS, rows = M - m0 < PASS_ROWS ? M - m0 : PASS_ROWS;                  \
-                    BY_ROWS[rows](x + m0 * K, w, b, s, y + m0 * N, K, N, blk, nb, k0, k1,                     \
+                    BY_ROWS[rows](x + m0 * K, w, b, s, y + m0 * N, K, N, W, blk, nb, k0, k1,                  \
                                   part + p * PASS_ROWS * NB_FOR(PASS_ROWS), p, passes);                       \
                 }                                                                                             \
             }                                                                                                 \
@@ -196,9 +205,9 @@ void few_rows_linear_bf16(const float *x, const bf16 *w, const float *b, float *
     LINEAR(bf16_rows)
 }
 
-/* The scales of int8 weights packed for these products: ceil(N / VW) * VW floats after the blocks. */
+/* The scales of int8 weights packed for these products: ceil(N / W) * W floats after the blocks. */
 static inline const float *i8_scales(const signed char *w, long K, long N) {
-    return (const float *)(w + (N + VW - 1) / VW * VW * K);
+    return (const float *)(w + (N + W - 1) / W * W * K);
 }
 
 /* The same with int8 weights (packed the same way), each output's scale after the blocks (i8_scales). */
@@ -213,7 +222,8 @@ void few_rows_linear_i8(const float *x, const signed char *w, const float *b, fl
 void few_rows_share(const void *w, long size, long K, long N, int t, int T, const char **start, const char **end) {
     long blocks = (N + VW - 1) / VW;
     SHARE(blocks, t, T, lo, hi)
-    *start = (const char *)w + lo * K * VW * size, *end = (const char *)w + hi * K * VW * size;
+    long first = lo / GROUP, last = hi > lo ? (hi - 1) / GROUP + 1 : first;   /* the groups its blocks lie in */
+    *start = (const char *)w + first * K * W * size, *end = (const char *)w + last * K * W * size;
 }
 
 /* The index of each of M rows' largest entry in y [M, N], as torch's max picks it: the first of equal maxima, and a
@@ -329,7 +339,7 @@ static row_best exact_best(const float *x, const void *w, int w_kind, long K, co
     __builtin_memset(block, 0, sizeof block);
     for (int l = 0; l < count; l++)
         for (long k = 0; k < K; k++) block[k * VW + l] = weight_at(w, w_kind, at[l] * K + k);
-    f32_rows_1(x, block, 0, 0, exact, K, count, 0, 1, 0, K, part, 0, 1);
+    f32_rows_1(x, block, 0, 0, exact, K, count, VW, 0, 1, 0, K, part, 0, 1);   /* one block, VW apart */
     row_best c = best_in(exact, 0, count);
     c.index = at[c.index], c.nan = c.nan >= 0 ? c.index : -1;
     return c;
@@ -450,4 +460,5 @@ void few_rows_choose(const float *x, const void *approx, int approx_kind, const 
     }
 }
 
-int few_rows_width(void) { return VW; }
+/* Outputs side by side in a packed weight (few_rows.py packs them so). */
+int few_rows_width(void) { return W; }

@@ -70,14 +70,12 @@ def weight_kind(weights: torch.dtype, tiles: str = "") -> int:
 @dataclass(frozen=True)
 class Reading:
     """How the products read their weights (few_rows.c, few_rows_reading): one-pass products (up to 8 rows) of fewer
-    than `prefetch_from` rows leave prefetching to the hardware (1: all prefetch ahead); those of at most
-    `stream_rows` rows read their blocks one after another, one sequential stream per thread, without prefetching
-    ahead (0: none). The same bits every way; which is fastest is measured (setup/calibration.py: reading_choice)."""
+    than `prefetch_from` rows leave prefetching to the hardware (1: all prefetch ahead). The same bits either way;
+    which is faster is measured (setup/calibration.py: reading_choice)."""
     prefetch_from: int = 1
-    stream_rows: int = 0
 
     def apply(self, kernel: "FewRowsKernel") -> None:
-        kernel.lib.few_rows_reading(self.prefetch_from, self.stream_rows)
+        kernel.lib.few_rows_reading(self.prefetch_from)
 
 
 @dataclass(frozen=True)
@@ -157,7 +155,7 @@ class FewRowsKernel:
         self.lib.amx_tiles_usable.restype = ctypes.c_int
         self.lib.vnni_built.restype = ctypes.c_int
         self.lib.bf16_dots_built.restype = ctypes.c_int
-        self.lib.few_rows_reading.argtypes = [n, n]
+        self.lib.few_rows_reading.argtypes = [n]
         self.lib.few_rows_reading.restype = None
         self.lib.bf16_tiles_linear.argtypes = [p] * 4 + [n] * 3 + [ctypes.c_int] * 2
         self.lib.bf16_tiles_linear.restype = None
@@ -173,6 +171,9 @@ class FewRowsKernel:
         if not w.takes(k) or x.dtype != torch.float32:
             raise ValueError(f"few-row kernel: x {tuple(x.shape)} {x.dtype} against a packed weight of "
                              f"{w.out_features} outputs that takes other inputs")
+        if not w.tiles and w.blocks.shape[2] != self.width:
+            raise ValueError(f"few-row kernel: a weight packed {w.blocks.shape[2]} outputs wide, this build reads "
+                             f"{self.width} (FewRowsKernel.pack)")
         y = torch.empty(rows, w.out_features, dtype=torch.float32)
         args = (x.data_ptr(), w.blocks.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), rows, k,
                 w.out_features, torch.get_num_threads())

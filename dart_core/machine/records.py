@@ -210,7 +210,8 @@ class MachineRecord:
     greedy_copy_tiles: str = ""      # that product's way: "amx" or "vnni" (records older than VNNI: AMX)
     bf16_tiles: str = ""             # a bf16 model's products from tiles, their way (lean_native.py); "": none
     prefetch_from: int | None = None  # the C layer's one-pass products prefetch from these rows (measured)
-    stream_rows: int = 0              # ... and read as one stream up to these rows (measured)
+    stream_rows: int = 0              # ... and read one block at a time up to these rows (measured; records from
+    #                                   before few_rows.c packed its weights in groups of blocks read as one stream)
 
     def text(self) -> str:
         """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · output copy up to 16 rows

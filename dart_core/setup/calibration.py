@@ -38,10 +38,8 @@ GREEDY_COPY_ROWS = (1, 4, 8, 16, 32, 64)   # greedy verify sizes at which the ou
 CURVE_ROUNDS = 3           # timed passes over every size, interleaved (a slow moment hits all sizes alike); median
 READING_ROWS = (1, 2, 4, 8)   # greedy verify sizes at which the ways of reading the weights are timed
 READING_ROUNDS = 9            # (they differ by a fifth at most: more passes than the curve's)
-# the ways of reading the weights timed (few_rows.Reading): prefetching ahead, leaving it to the hardware, and one
-# sequential stream a thread
-READING_WAYS = {"ahead": Reading(1), "hardware": Reading(READING_ROWS[-1] + 1),
-                "one stream": Reading(READING_ROWS[-1] + 1, stream_rows=READING_ROWS[-1])}
+# the ways of reading the weights timed (few_rows.Reading): prefetching ahead, or leaving it to the hardware
+READING_WAYS = {"ahead": Reading(1), "hardware": Reading(READING_ROWS[-1] + 1)}
 CURVE_FIT = "median3+isotonic"   # how the cached curve was made: a curve made another way is measured again
 FORMAT = "dart-lab-calibration/1"
 
@@ -244,19 +242,13 @@ def measure_reading(target: TargetModel, rows: tuple[int, ...] = READING_ROWS, c
 
 def reading_of(record: dict) -> Reading:
     """From a measure_reading record: prefetching ahead from the fewest rows from which it was never slower than
-    leaving it to the hardware (one more than the rows measured where it was slower even at the most), and one stream
-    up to the most rows up to which it beat both at every row count measured."""
+    leaving it to the hardware (one more than the rows measured where it was slower even at the most)."""
     start = record["rows"][-1] + 1
     for k, ahead, hardware in reversed(list(zip(record["rows"], record["ahead"], record["hardware"]))):
         if ahead > hardware:
             break
         start = k
-    stream_rows = 0
-    for k, ahead, hardware, stream in zip(record["rows"], record["ahead"], record["hardware"], record["one stream"]):
-        if stream >= min(ahead, hardware):
-            break
-        stream_rows = k
-    return Reading(start, stream_rows)
+    return Reading(start)
 
 
 def reading_choice(target: TargetModel, recalibrate: bool = False) -> Reading | None:
@@ -294,7 +286,7 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
                          cost_curve(target, model_name) if with_curve else None, draft_kernels,
                          target.forward_kind, target.greedy_copy_rows, target.greedy_copy_tile_rows,
                          target.huge_pages, target.greedy_copy_tiles, target.bf16_tiles,
-                         reading.prefetch_from if reading else None, reading.stream_rows if reading else 0)
+                         reading.prefetch_from if reading else None)
 
 
 INT8_MARGIN = 0.9      # int8 weights (whose rows differ a little) must take at most this share of the others' best
