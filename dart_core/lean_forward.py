@@ -176,7 +176,7 @@ class LeanForward:
         and the tap layers' inputs [n, 3H] (None without taps)."""
         past, n = cache.length, ids.shape[0]
         graphs = self.graphs != OFF and n <= FIXED_BUCKETS[-1] and taps in ((), self.taps)
-        if not graphs and self.native is not None and n <= self.native.max_rows:
+        if not graphs and self.native is not None and self.native.serves(n, block_mask):
             return self.native.forward(ids, positions, cache, block_mask, taps, last_only, choices)
         if graphs:
             logits, feats = fixed_step(self, cache).run(ids, positions, block_mask, last_only, features=bool(taps))

@@ -6,8 +6,10 @@ run cold after a product streamed its weights through the caches, they cost a th
 C layer does them in one call per layer, with the weights packed for our few-row kernel (machine/few_rows.c).
 
 Every row is computed on its own in a fixed order, and the rotation reads one table of every position, so a verified
-tree's rows get exactly the logits plain decoding gets for the same prefix (tests/test_lean_native.py). Prefills
-(more than NATIVE_ROWS rows) take the lean forward's torch step; plain decoding and DART share them alike.
+tree's rows get exactly the logits plain decoding gets for the same prefix (tests/test_lean_native.py). A prompt of
+more than NATIVE_ROWS rows runs here NATIVE_ROWS rows at a time, each row's bits as if alone, up to the length at
+which that was measured faster than the lean forward's torch step (setup/calibration.py: prefill_choice); longer
+ones take that step. Plain decoding and DART prefill alike.
 
 A bf16 model's weights are read in bf16 (widened exactly as they are loaded: half the bytes of fp32), its activations,
 keys and values kept in fp32: a bf16 model's steps cost about half its fp32 steps, and, every row computed alone, DART
@@ -92,6 +94,14 @@ class NativeLayers:
         self.reading = Reading()   # how the products read the weights (as measured: setup/calibration.py)
         self.intermediate = lean.layers[0].down.in_features
         self.cos = self.sin = torch.empty(0, lean.head_dim)
+        # causal blocks (prompts) of more rows than max_rows run here, max_rows at a time, up to this many rows (None:
+        # any); as measured (setup/calibration.py: prefill_choice)
+        self.prefill_rows: int | None = self.max_rows
+
+    def serves(self, n: int, block_mask: torch.Tensor | None) -> bool:
+        """Whether a block of n rows runs here: up to max_rows rows of any block (a step, a verified tree), and a
+        causal block (a prompt) of up to prefill_rows."""
+        return n <= self.max_rows or (block_mask is None and (self.prefill_rows is None or n <= self.prefill_rows))
 
     def _packed(self, w) -> tuple[list, list[int | None]]:
         """The layer's tensors (kept alive here) and their addresses, in lean_layer's order."""
@@ -116,7 +126,30 @@ class NativeLayers:
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, block_mask: torch.Tensor | None,
                 taps: tuple[int, ...], last_only: bool, choices: bool = False):
         """As LeanForward.forward: logits [n or 1, V] (with `choices`, the greedy choice of each row instead, [n or 1])
-        and the tap layers' inputs [n, 3H] (None without taps)."""
+        and the tap layers' inputs [n, 3H] (None without taps). A causal block of more than max_rows rows runs
+        max_rows rows at a time."""
+        if block_mask is not None and ids.shape[0] > self.max_rows:
+            raise ValueError(f"a block of {ids.shape[0]} rows with its own mask: the C layer takes {self.max_rows}")
+        hidden, feats = [], []
+        for start in range(0, ids.shape[0], self.max_rows):
+            part = slice(start, start + self.max_rows)
+            rows, captured = self._layers(ids[part], positions[part], cache, block_mask, taps)
+            hidden.append(rows[-1:] if last_only else rows)
+            feats.append(captured)
+        rows = hidden[-1] if last_only else torch.cat(hidden)
+        normed = torch.empty_like(rows)
+        self.kernel.lib.lean_final_norm(rows.data_ptr(), self.norm_out.data_ptr(), normed.data_ptr(), rows.shape[0],
+                                        rows.shape[1], self.lean.eps)
+        feats = torch.cat(feats) if taps else None
+        if choices and normed.shape[0] <= self.greedy_rows:
+            return self.greedy.choose(normed), feats
+        logits = self.kernel.linear(normed, self.output, self.output_bias)
+        return (greedy_ids(logits) if choices else logits), feats
+
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, cache, block_mask: torch.Tensor | None,
+                taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to max_rows rows through the decoder's layers, appended to the cache: their hidden states [n, D] before
+        the last norm, and the tap layers' inputs [n, 3H] (None without taps)."""
         lean, lib, n = self.lean, self.kernel.lib, ids.shape[0]
         past = cache.length
         cache.reserve(past + n)
@@ -138,14 +171,7 @@ class NativeLayers:
             keys = kv.data_ptr() + 2 * i * layer_floats * 4
             lib.lean_layer(*rows, *weights, keys, keys + layer_floats * 4, *sizes)
         cache.length = past + n
-        rows = hidden[-1:] if last_only else hidden
-        normed = torch.empty_like(rows)
-        lib.lean_final_norm(rows.data_ptr(), self.norm_out.data_ptr(), normed.data_ptr(), rows.shape[0], D, lean.eps)
-        feats = torch.cat([captured[i] for i in taps], dim=-1) if taps else None
-        if choices and n <= self.greedy_rows:
-            return self.greedy.choose(normed), feats
-        logits = self.kernel.linear(normed, self.output, self.output_bias)
-        return (greedy_ids(logits) if choices else logits), feats
+        return hidden, torch.cat([captured[i] for i in taps], dim=-1) if taps else None
 
 
 def _flat(t: torch.Tensor | None) -> torch.Tensor | None:

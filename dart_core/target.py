@@ -62,6 +62,7 @@ class TargetModel:
         self.greedy_copy_rows: int | None = None   # measured: greedy steps of up to these rows read the output copy
         self._copy_tile_rows: int | None = 1        # ... and from these rows on its integer product (AMX or VNNI)
         self._reading = Reading()                   # measured: how the C layer's products read the weights
+        self._prefill_rows: int | None = 0          # measured: prompts the C layer prefills (lean_native.py)
 
     def use_lean(self, on: bool = True, graphs: bool = True, tiles: str | None = None) -> str | None:
         """Decode through the lean forward over a static cache (dart_core.lean_forward) where this model's family
@@ -80,6 +81,7 @@ class TargetModel:
             self.lean.native = NativeLayers(self.lean, kernel, tiles) if kernel is not None else None
             self.use_greedy_copy(self.greedy_copy_rows, self._copy_tile_rows)
             self.use_reading(self._reading)
+            self.use_prefill(self._prefill_rows)
         return why
 
     def use_greedy_copy(self, rows: int | None, tile_rows: int | None = 1) -> None:
@@ -93,11 +95,27 @@ class TargetModel:
             native.greedy.tile_rows = tile_rows
 
     def use_reading(self, reading: Reading) -> None:
-        """How the C layer's products read their weights (machine.few_rows.Reading: prefetching ahead or not, one
-        stream for one row). As measured: setup.calibration.reading_choice."""
+        """How the C layer's products read their weights (machine.few_rows.Reading: prefetching ahead or not). As
+        measured: setup.calibration.reading_choice."""
         self._reading = reading
         if self._native is not None:
             self._native.reading = reading
+
+    def use_prefill(self, rows: int | None) -> None:
+        """Prompts of up to `rows` tokens (None: any; 0: none longer than its rows) run through the C layer, its rows
+        at a time; longer ones through the lean forward's torch step. As measured: setup.calibration.prefill_choice."""
+        self._prefill_rows = rows
+        if self._native is not None:
+            self._native.prefill_rows = None if rows is None else max(rows, self._native.max_rows)
+
+    @property
+    def prefill_reach(self) -> str:
+        """The prompts longer than its rows that the C layer prefills, in words: "any length", "up to N tokens", or ""
+        (none, or no C layer)."""
+        native = self._native
+        if native is None or (native.prefill_rows is not None and native.prefill_rows <= native.max_rows):
+            return ""
+        return "any length" if native.prefill_rows is None else f"up to {native.prefill_rows} tokens"
 
     @property
     def reading(self) -> Reading | None:

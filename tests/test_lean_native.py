@@ -1,18 +1,23 @@
 """The lean forward's C layer (dart_core.lean_native): a verified tree's rows get exactly the logits, bit for bit,
-that plain decoding gets for the same prefix, whatever the rows beside them and the threads; prefills stay on torch's
-operations; and a machine that cannot build it says why and decodes on torch's operations."""
+that plain decoding gets for the same prefix, whatever the rows beside them and the threads; a prompt longer than its
+rows runs there its rows at a time where that was measured faster, else on torch's operations; and a machine that
+cannot build it says why and decodes on torch's operations."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from dart_core.decoding import GenerationConfig, run
 from dart_core.lean_native import NATIVE_ROWS
 from dart_core.machine import few_rows
 from dart_core.machine.few_rows import Reading
-from dart_core.setup.calibration import READING_WAYS, measure_reading, reading_choice, reading_of
-from dart_core.setup.tiny_models import tiny_target
+from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
+from dart_core.setup.calibration import (READING_WAYS, PrefillChoice, measure_prefill, measure_reading,
+                                         prefill_choice, prefill_of, reading_choice, reading_of)
+from dart_core.setup.tiny_models import random_head, random_prompts, tiny_target
 from dart_core.tree import TokenTree
+from dart_core.tree_search import SearchConfig
 
 
 def native_target(family: str, seed: int = 2):
@@ -74,6 +79,73 @@ def test_prefills_take_torchs_operations_and_steps_the_c_layer(monkeypatch):
     assert target.planned_linears() == []   # no second packed copy for the kernel plan
 
 
+def test_a_long_prompt_in_the_c_layer_gets_the_bits_of_any_split_and_dart_stays_lossless(monkeypatch):
+    """A prompt longer than the C layer's rows runs there its rows at a time: every row computed alone, the last
+    token's logits, the prompt's features and every cache entry are the bits of the same prompt fed in blocks of 7
+    tokens (or one at a time); and DART after such a prompt decodes what plain decoding does."""
+    target = native_target("qwen3", seed=5)
+    if target is None:
+        return
+    calls = []
+    step = type(target.lean.native)._layers
+    monkeypatch.setattr(type(target.lean.native), "_layers",
+                        lambda self, ids, *a, **k: calls.append(ids.shape[0]) or step(self, ids, *a, **k))
+    prompt = [(7 * i) % 90 + 3 for i in range(2 * NATIVE_ROWS + 9)]
+    target.use_prefill(None)
+    whole = target.new_cache()
+    logits, feats = target.prefill(prompt, whole, features=True)
+    assert calls == [NATIVE_ROWS, NATIVE_ROWS, 9]
+    target.use_prefill(0)                      # none longer than its rows: torch's operations take the prompt
+    calls.clear()
+    target.prefill(prompt, target.new_cache())
+    assert calls == []
+    split = target.new_cache()
+    parts = [target.forward(torch.tensor(prompt[s: s + 7]), torch.arange(s, min(s + 7, len(prompt))), split,
+                            features=True) for s in range(0, len(prompt), 7)]
+    assert torch.equal(logits, parts[-1][0][-1]) and torch.equal(feats, torch.cat([f for _, f in parts]))
+    n = len(prompt)
+    assert whole.length == split.length == n and torch.equal(whole.kv[..., :n, :], split.kv[..., :n, :])
+    target.use_prefill(None)
+    drafter = HeadDrafter(random_head(target), target)
+    for start in (0, 11):
+        plain = run(target, VanillaProposer(), prompt[start:], GenerationConfig(max_new_tokens=16)).output_ids
+        for proposer in (DartProposer(drafter, SearchConfig(node_budget=10)), PromptLookupProposer()):
+            assert run(target, proposer, prompt[start:], GenerationConfig(max_new_tokens=16)).output_ids == plain
+
+
+def test_a_block_with_its_own_mask_beyond_the_c_layers_rows_is_refused():
+    target = native_target("llama")
+    if target is None:
+        return
+    cache = target.new_cache()
+    target.prefill([5, 6, 7], cache)
+    n = NATIVE_ROWS + 1
+    with pytest.raises(ValueError, match="with its own mask"):
+        target.lean.native.forward(torch.full((n,), 4), torch.arange(3, 3 + n), cache, torch.ones(n, n).tril().bool(),
+                                   (), False)
+
+
+def test_prompts_go_to_the_c_layer_up_to_where_it_was_measured_faster(tmp_path, monkeypatch):
+    record = {"rows": [128, 384], "C layer": [0.08, 0.40], "torch": [0.19, 0.67]}
+    assert prefill_of(record) == PrefillChoice(None)                        # faster at every length: any prompt
+    assert prefill_of(record | {"C layer": [0.08, 0.70]}) == PrefillChoice(128)
+    assert prefill_of(record | {"C layer": [0.20, 0.40]}) == PrefillChoice(0)   # slower at the first: none
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert prefill_choice(tiny_target("llama")) is None   # no C layer (torch's forward): nothing to measure
+    target = native_target("llama", seed=3)
+    if target is None:
+        return
+    measured = measure_prefill(target, rows=(70, 90), rounds=1)
+    assert measured["rows"] == [70, 90] and all(t > 0 for way in ("C layer", "torch") for t in measured[way])
+    assert target.lean.native.prefill_rows == NATIVE_ROWS   # left as it found it
+    choice = prefill_choice(target)
+    assert choice.rows in (None, 0, 128) and prefill_choice(target) == choice   # read back: the file
+    target.use_prefill(choice.rows)
+    assert target.prefill_reach == {None: "any length", 0: "", 128: "up to 128 tokens"}[choice.rows]
+    target.use_lean()                                   # kept when the C layer is made again
+    assert target.prefill_reach == {None: "any length", 0: "", 128: "up to 128 tokens"}[choice.rows]
+
+
 @pytest.mark.parametrize("tiles", ["off", "stand-in", "avx512-bf16"])
 def test_a_bf16_model_computes_in_fp32_on_its_bf16_weights_and_keeps_dart_lossless(tiles):
     """The C layer reads a bf16 model's weights widened exactly and computes in fp32: its logits are those of the fp32
@@ -124,11 +196,6 @@ def test_dart_on_a_bf16_models_tiles_decodes_as_plain_bf16_decoding(family, tile
     """A bf16 model's products from tiles (by the stand-in, or by AVX512-BF16: its arithmetic written out where the
     build has none): DART, with trees of every size up to the budget, and the lookup branch, emit what plain decoding
     of the same bf16 model emits."""
-    from dart_core.decoding import GenerationConfig, run
-    from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
-    from dart_core.setup.tiny_models import random_head, random_prompts
-    from dart_core.tree_search import SearchConfig
-
     target = tiny_target(family, seed=7, dtype=torch.bfloat16)
     target.use_lean(tiles=tiles)
     if target.lean.native is None:

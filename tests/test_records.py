@@ -148,6 +148,15 @@ def test_the_measured_reading_of_the_weights_keeps_its_file_form_and_its_words()
     assert "prefetch_from" not in MachineRecord(summary="a CPU").to_dict()
 
 
+def test_where_prompts_were_prefilled_keeps_its_file_form_and_its_words():
+    every = MachineRecord(summary="a CPU", forward="lean-native", prefill="any length")
+    assert through_json(every) == every
+    assert every.text() == "a CPU · fp32 · lean-native forward · prompts of any length in the C layer"
+    some = MachineRecord(summary="a CPU", forward="lean-native", prefill="up to 128 tokens")
+    assert through_json(some) == some and some.text().endswith("· prompts of up to 128 tokens in the C layer")
+    assert "prefill" not in MachineRecord(summary="a CPU").to_dict()   # none (or older records): as before
+
+
 def test_the_weights_pages_keep_their_file_form_and_their_words():
     huge = MachineRecord(summary="a CPU", forward="lean-native", huge_pages=True)
     assert through_json(huge) == huge and huge.to_dict()["huge_pages"] is True

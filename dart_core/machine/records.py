@@ -212,6 +212,7 @@ class MachineRecord:
     prefetch_from: int | None = None  # the C layer's one-pass products prefetch from these rows (measured)
     stream_rows: int = 0              # ... and read one block at a time up to these rows (measured; records from
     #                                   before few_rows.c packed its weights in groups of blocks read as one stream)
+    prefill: str = ""    # prompts longer than its rows the C layer prefilled: "any length", "up to N tokens"; "": none
 
     def text(self) -> str:
         """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · output copy up to 16 rows
@@ -227,8 +228,9 @@ class MachineRecord:
         ahead = f" · prefetching from {self.prefetch_from} rows" if (self.prefetch_from or 1) > 1 else ""
         rows = "1 row" if self.stream_rows == 1 else f"{self.stream_rows} rows"
         ahead += f" · one stream up to {rows}" if self.stream_rows else ""
+        prefill = f" · prompts of {self.prefill} in the C layer" if self.prefill else ""
         return (f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{tiles}{copy}{drafting}{pages}"
-                f"{ahead}")
+                f"{ahead}{prefill}")
 
     def to_dict(self) -> dict:
         d = {"hardware": self.hardware.to_dict(), "summary": self.summary,
@@ -250,6 +252,8 @@ class MachineRecord:
             d["prefetch_from"] = self.prefetch_from
         if self.stream_rows:
             d["stream_rows"] = self.stream_rows
+        if self.prefill:
+            d["prefill"] = self.prefill
         return d
 
     @classmethod
@@ -268,4 +272,5 @@ class MachineRecord:
             greedy_copy_tile_rows=_int_or_none(d.get("greedy_copy_tile_rows")),
             huge_pages=bool(d["huge_pages"]) if d.get("huge_pages") is not None else None,
             greedy_copy_tiles=str(d.get("greedy_copy_tiles") or ""), bf16_tiles=_bf16_way(d.get("bf16_tiles")),
-            prefetch_from=_int_or_none(d.get("prefetch_from")), stream_rows=int(d.get("stream_rows") or 0))
+            prefetch_from=_int_or_none(d.get("prefetch_from")), stream_rows=int(d.get("stream_rows") or 0),
+            prefill=str(d.get("prefill") or ""))

@@ -40,6 +40,8 @@ READING_ROWS = (1, 2, 4, 8)   # greedy verify sizes at which the ways of reading
 READING_ROUNDS = 9            # (they differ by a fifth at most: more passes than the curve's)
 # the ways of reading the weights timed (few_rows.Reading): prefetching ahead, or leaving it to the hardware
 READING_WAYS = {"ahead": Reading(1), "hardware": Reading(READING_ROWS[-1] + 1)}
+PREFILL_ROWS = (128, 384)   # prompt lengths at which a prefill through the C layer and through torch's step are timed
+PREFILL_ROUNDS = 1          # (where they differ, by a third or more: one pass after the warm-up)
 CURVE_FIT = "median3+isotonic"   # how the cached curve was made: a curve made another way is measured again
 FORMAT = "dart-lab-calibration/1"
 
@@ -261,6 +263,62 @@ def reading_choice(target: TargetModel, recalibrate: bool = False) -> Reading | 
                   "how the products read the weights")
 
 
+@torch.inference_mode()
+def measure_prefill(target: TargetModel, rows: tuple[int, ...] = PREFILL_ROWS,
+                    rounds: int = PREFILL_ROUNDS) -> dict:
+    """Seconds of a prefill of k tokens through the C layer (its rows at a time) and through the lean forward's torch
+    step, side by side: the best of `rounds` interleaved passes after a warm-up."""
+    native = target.lean.native
+    kept = native.prefill_rows
+    ways = {"C layer": None, "torch": native.max_rows}
+    rows = tuple(k for k in rows if k < target.max_positions)
+    times = {way: [float("inf")] * len(rows) for way in ways}
+    try:
+        for round_ in range(rounds + 1):   # the first pass is a warm-up
+            for i, k in enumerate(rows):
+                for way, prefill_rows in ways.items():
+                    native.prefill_rows = prefill_rows
+                    cache = target.new_cache(k)
+                    t0 = time.perf_counter()
+                    target.prefill([i % target.vocab_size for i in range(100, 100 + k)], cache)
+                    if round_:
+                        times[way][i] = min(times[way][i], time.perf_counter() - t0)
+                    target.release(cache)
+    finally:
+        native.prefill_rows = kept
+    return {"rows": list(rows), **{way: [round(t, 6) for t in ts] for way, ts in times.items()}}
+
+
+@dataclass(frozen=True)
+class PrefillChoice:
+    """The prompts the C layer prefills, its rows at a time: up to `rows` tokens (0: none longer than its rows; None:
+    any length)."""
+    rows: int | None
+
+
+def prefill_of(record: dict) -> PrefillChoice:
+    """From a measure_prefill record: prompts up to the longest length at which the C layer was faster than torch's
+    step, and at every shorter one; any length where it was faster at every length measured (its arithmetic per token
+    does not grow with the prompt faster than the step's: both compute every row's attention)."""
+    served = 0
+    for k, ours, theirs in zip(record["rows"], record["C layer"], record["torch"]):
+        if ours > theirs:
+            return PrefillChoice(served)
+        served = k
+    return PrefillChoice(None)
+
+
+def prefill_choice(target: TargetModel, recalibrate: bool = False) -> PrefillChoice | None:
+    """The prompts the C layer prefills here (measured once, cached); None where there is no C layer."""
+    native = target.lean.native if target.lean is not None else None
+    if native is None:
+        return None
+    name = machine_key(target, "prefill", f"{target.vocab_size}|{target.num_layers}|{PREFILL_ROWS}|"
+                                          f"{target.bf16_tiles}|{native.max_rows}")
+    return cached(name, recalibrate, lambda: measure_prefill(target), prefill_of, lambda record: record,
+                  "where prompts are prefilled")
+
+
 def _one_token_forward(target: TargetModel):
     """A plain decoding step of the target, as decoding runs one between two drafting steps: it streams the target's
     weights through the caches, so the head's are timed from where decoding finds them (timed warm, int8 weights
@@ -286,7 +344,7 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
                          cost_curve(target, model_name) if with_curve else None, draft_kernels,
                          target.forward_kind, target.greedy_copy_rows, target.greedy_copy_tile_rows,
                          target.huge_pages, target.greedy_copy_tiles, target.bf16_tiles,
-                         reading.prefetch_from if reading else None)
+                         reading.prefetch_from if reading else None, prefill=target.prefill_reach)
 
 
 INT8_MARGIN = 0.9      # int8 weights (whose rows differ a little) must take at most this share of the others' best

@@ -30,7 +30,7 @@ from ..target import TargetModel
 from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
 from .calibration import (cost_curve, draft_kernel_choice, greedy_copy_choice, kernel_plan, machine_record,
-                          reading_choice)
+                          prefill_choice, reading_choice)
 from .dtype_choice import AUTO, FAST, DtypeChoice, choose_cpu_dtype, choose_gpu_dtype, lossless_choice
 from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_LONGEST, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
 from .hub import fetch, is_hub_id
@@ -81,6 +81,9 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
     reading = reading_choice(target, recalibrate)
     if reading is not None:
         target.use_reading(reading)
+    prefill = prefill_choice(target, recalibrate)
+    if prefill is not None:
+        target.use_prefill(prefill.rows)
     return target
 
 
