@@ -71,10 +71,10 @@ static inline vf load_i8(const signed char *p) {
 /* Blocks of VW outputs side by side in the packed weight, a group: as many as a pass of PASS_ROWS rows does together
    (3 with AVX-512), at least 2. A product reads a group as one sequential stream, GROUP vectors per input, every
    row's GROUP sums independent chains, and every row count up to PASS_ROWS takes a whole group at a time. On an EPYC
-   Zen 5 (the decoder's linears, ms, 1/2/4/8/16 rows) against blocks packed one after another (one block at a time,
-   or up to 8 side by side from separate places in memory, each as measured best): 5.07/5.45/6.25/6.54/8.39 ->
-   5.11/5.22/5.19/5.54/7.82; groups of 2 or 4 did worse from 4 rows, and an int8 copy of the output layer (one row)
-   0.51 -> 0.41 ms. */
+   Zen 5, against blocks packed one after another (read one at a time, or up to 8 side by side from separate places
+   in memory, whichever was faster), the decoder's linears of 1/2/4/8/16 rows 6.04/6.23/6.91/7.33/9.74 ->
+   5.76/5.70/5.94/6.24/8.81 ms (studies/ceilings.py); groups of 2 or 4 did worse from 4 rows (docs/cpu-speed.md,
+   section 20). */
 #define GROUP (NB_MAX(PASS_ROWS) > 2 ? NB_MAX(PASS_ROWS) : 2)
 #define W (GROUP * VW)
 #define NB_FOR(M) (NB_MAX(M) > GROUP ? GROUP : (NB_MAX(M) < 1 ? 1 : NB_MAX(M)))
