@@ -64,14 +64,20 @@ def test_a_trees_rows_get_plain_decodings_bits():
                 assert torch.equal(logits[node], expected[depth]), (family, n_threads, node)
 
 
-def test_prefills_take_torchs_operations_and_steps_the_c_layer(monkeypatch):
+def rows_through(monkeypatch, target, method: str) -> list[int]:
+    """The rows of each call of the C layer's `method`, as they come."""
+    calls = []
+    original = getattr(type(target.lean.native), method)
+    monkeypatch.setattr(type(target.lean.native), method,
+                        lambda self, ids, *a, **k: calls.append(ids.shape[0]) or original(self, ids, *a, **k))
+    return calls
+
+
+def test_unless_measured_otherwise_prefills_take_torchs_operations_and_steps_the_c_layer(monkeypatch):
     target = native_target("llama")
     if target is None:
         return
-    calls = []
-    step = type(target.lean.native).forward
-    monkeypatch.setattr(type(target.lean.native), "forward",
-                        lambda self, ids, *a, **k: calls.append(ids.shape[0]) or step(self, ids, *a, **k))
+    calls = rows_through(monkeypatch, target, "forward")
     cache = target.new_cache()
     target.prefill(list(range(NATIVE_ROWS + 5)), cache)
     target.forward(torch.tensor([5]), torch.tensor([NATIVE_ROWS + 5]), cache)
@@ -86,10 +92,7 @@ def test_a_long_prompt_in_the_c_layer_gets_the_bits_of_any_split_and_dart_stays_
     target = native_target("qwen3", seed=5)
     if target is None:
         return
-    calls = []
-    step = type(target.lean.native)._layers
-    monkeypatch.setattr(type(target.lean.native), "_layers",
-                        lambda self, ids, *a, **k: calls.append(ids.shape[0]) or step(self, ids, *a, **k))
+    calls = rows_through(monkeypatch, target, "_layers")
     prompt = [(7 * i) % 90 + 3 for i in range(2 * NATIVE_ROWS + 9)]
     target.use_prefill(None)
     whole = target.new_cache()
