@@ -68,14 +68,14 @@ static inline vf load_i8(const signed char *p) {
 #define PASS_ROWS 8   /* rows per pass over a weight's blocks: more rows take more passes */
 /* Blocks done together: as many as the registers hold with M accumulators each. */
 #define NB_MAX(M) ((REGS - 1) / ((M) + 1))
-/* Blocks of VW outputs side by side in the packed weight, a group: as many as a pass of PASS_ROWS rows does together
-   (3 with AVX-512), at least 2. A product reads a group as one sequential stream, GROUP vectors per input, every
-   row's GROUP sums independent chains, and every row count up to PASS_ROWS takes a whole group at a time. On an EPYC
-   Zen 5, against blocks packed one after another (read one at a time, or up to 8 side by side from separate places
-   in memory, whichever was faster), the decoder's linears of 1/2/4/8/16 rows 6.04/6.23/6.91/7.33/9.74 ->
-   5.76/5.70/5.94/6.24/8.81 ms (studies/ceilings.py); groups of 2 or 4 did worse from 4 rows (docs/cpu-speed.md,
-   section 20). */
-#define GROUP (NB_MAX(PASS_ROWS) > 2 ? NB_MAX(PASS_ROWS) : 2)
+/* Blocks of VW outputs side by side in the packed weight, a group: 3, as many as a pass of PASS_ROWS rows does
+   together with AVX-512's registers (with AVX2's, passes of up to 4 rows). A product reads a group as one sequential
+   stream, GROUP vectors per input, every row's GROUP sums independent chains. On an EPYC Zen 5, against blocks packed
+   one after another (read one at a time, or up to 8 side by side from separate places in memory, whichever was
+   faster), the decoder's linears of 1/2/4/8/16 rows 6.04/6.23/6.91/7.33/9.74 -> 5.76/5.70/5.94/6.24/8.81 ms
+   (studies/ceilings.py); groups of 2 or 4 did worse from 4 rows, in the AVX-512 build and in the AVX2 build alike
+   (docs/cpu-speed.md, section 20). */
+#define GROUP 3
 #define W (GROUP * VW)
 #define NB_FOR(M) (NB_MAX(M) > GROUP ? GROUP : (NB_MAX(M) < 1 ? 1 : NB_MAX(M)))
 /* Passes of more rows go over a block set SPAN inputs at a time: the first pass reads the span's weights from memory,
