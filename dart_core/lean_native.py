@@ -31,7 +31,7 @@ from .lean_forward import LeanForward, attention_shape
 from .machine import amx_tiles, huge_pages
 from .machine.few_rows import FewRowsKernel, PackedWeight, Reading, weight_kind
 
-NATIVE_ROWS = 64          # rows a native step serves: decode steps and verified trees, not prefills
+NATIVE_ROWS = 64          # rows a native step serves: decode steps, verified trees, a prompt's block at a time
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)   # the weights the C layer reads (it computes in fp32)
 MIN_TABLE = 1024          # positions the rotation table starts with (it doubles when a run goes past it)
 HEAD_DIM_STEP, MAX_HEAD_DIM = 16, 512   # the head sizes the C attention takes (lean_layer.c: VW, MAX_HEAD_DIM)
@@ -130,6 +130,7 @@ class NativeLayers:
         max_rows rows at a time."""
         if block_mask is not None and ids.shape[0] > self.max_rows:
             raise ValueError(f"a block of {ids.shape[0]} rows with its own mask: the C layer takes {self.max_rows}")
+        self.reading.apply(self.kernel)
         hidden, feats = [], []
         for start in range(0, ids.shape[0], self.max_rows):
             part = slice(start, start + self.max_rows)
@@ -159,7 +160,6 @@ class NativeLayers:
         block = None if block_mask is None else block_mask.to(torch.bool).contiguous()
         threads = torch.get_num_threads()
         scratch = torch.empty(lib.lean_layer_scratch(n, D, H, KV, d, I, past, threads))
-        self.reading.apply(self.kernel)
         kv, cap = cache.kv, cache.capacity
         layer_floats = KV * cap * d
         captured = {}

@@ -143,10 +143,11 @@ def test_prompts_go_to_the_c_layer_up_to_where_it_was_measured_faster(tmp_path, 
     assert target.lean.native.prefill_rows == NATIVE_ROWS   # left as it found it
     choice = prefill_choice(target)
     assert choice.rows in (None, 0, 128) and prefill_choice(target) == choice   # read back: the file
+    words = {None: "any length", 0: "", 128: "up to 128 tokens"}[choice.rows]
     target.use_prefill(choice.rows)
-    assert target.prefill_reach == {None: "any length", 0: "", 128: "up to 128 tokens"}[choice.rows]
+    assert target.prefill_reach == words
     target.use_lean()                                   # kept when the C layer is made again
-    assert target.prefill_reach == {None: "any length", 0: "", 128: "up to 128 tokens"}[choice.rows]
+    assert target.prefill_reach == words
 
 
 @pytest.mark.parametrize("tiles", ["off", "stand-in", "avx512-bf16"])
