@@ -85,7 +85,6 @@ def _decode(target: TargetModel, proposer: Proposer, prompt_ids: list[int], conf
         tree = proposal.tree
         scores, feats = target.verify(tree, cache, features=proposer.needs_features, choices=greedy)
         clock.mark()
-        proposal.finish()   # on a GPU the verify is still running: the proposal's deferred work overlaps it
         result = accept_choices(tree, scores.tolist()) if greedy else accept(tree, scores, config.sampling, gen)
         target.commit(cache, past, result.path)
         clock.mark()

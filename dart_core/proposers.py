@@ -41,18 +41,11 @@ class Proposal:
     tree: TokenTree
     rows_tokens: np.ndarray | None = None   # [R, k] DART's top-k per logit row (target ids)
     rows_probs: np.ndarray | None = None    # [R, k]
-    candidates: Candidates | None = None    # every candidate the tree search considered
+    # every candidate the tree search considered, or the function that makes them (StepRecord makes them when read)
+    candidates: Candidates | Callable[[], Candidates] | None = None
     lookup_nodes: list[int] | None = None   # tree nodes added by a prompt-lookup branch (DART + lookup)
     search_time: float = 0.0                # seconds of propose() spent in the tree search (the rest is drafting)
     budget: StepBudget | None = None        # DART: the node budget used, and how an automatic one was chosen
-    deferred: Callable[[], None] | None = None   # work the verify does not need: see finish()
-
-    def finish(self) -> None:
-        """The proposal's work that the verify does not need (DART's pruning record, `candidates`), done once the
-        verify is under way: on a GPU the host does it while the device verifies."""
-        if self.deferred is not None:
-            deferred, self.deferred = self.deferred, None
-            deferred()
 
 
 class Proposer:
@@ -258,7 +251,7 @@ class DartProposer(Proposer):
         rows_tokens, rows_probs = self.drafter.top_rows(logits, min(config.topk, logits.shape[-1]))
         t1 = time.perf_counter()
         result = search(rows_tokens, rows_probs, context, config, self.ngram, self.eos_ids, node_budget=max_nodes,
-                        record=False)   # the record, if kept, once the verify is under way (Proposal.finish)
+                        record=False)   # the record, if kept, made when read (StepRecord.candidates)
         tree, lookup_nodes, branch = result.tree, None, []
         if self.lookup is not None:
             branch = self.lookup.index.lookup(context)   # the longest: the budget learns every length from it
@@ -267,8 +260,5 @@ class DartProposer(Proposer):
         t2 = time.perf_counter()
         if self.auto_budget is not None:
             self.auto_budget.remember(context, CandidatePool.of_search(result), branch, t2 - t0)
-        proposal = Proposal(tree, rows_tokens, rows_probs, None, lookup_nodes, t2 - t1,
-                            budget or StepBudget(config.node_budget))
-        if self.record_candidates:
-            proposal.deferred = lambda: setattr(proposal, "candidates", result.recorded())
-        return proposal
+        return Proposal(tree, rows_tokens, rows_probs, result.recorded if self.record_candidates else None,
+                        lookup_nodes, t2 - t1, budget or StepBudget(config.node_budget))

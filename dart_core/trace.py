@@ -105,7 +105,7 @@ class StepRecord:
     path: list[int] = field(default_factory=list)   # accepted tree nodes, root first
     rows_tokens: np.ndarray | None = None           # [R, k] draft top-k per logit row
     rows_probs: np.ndarray | None = None
-    candidates: Candidates | None = None
+    candidates: Candidates | None = None   # given as a function (the search's `recorded`), made when first read
     lookup_nodes: list[int] = field(default_factory=list)  # tree nodes from a prompt-lookup branch (dart_pld)
     budget: StepBudget | None = None  # DART: the node budget, and how an automatic one was chosen
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase (see PHASES, plus "prefill")
@@ -166,6 +166,16 @@ class StepRecord:
             budget=StepBudget.from_dict(d["budget"]) if d.get("budget") else None,
             timings={k: float(v) for k, v in d.get("timings", {}).items()}, elapsed=float(d.get("elapsed", 0.0)),
             stop_reason=d.get("stop_reason"))
+
+
+def _candidates(step: StepRecord) -> Candidates | None:
+    made = step.__dict__.get("_candidates")
+    if callable(made):   # the record of every candidate costs a decode step about 0.15 ms: made when someone reads it
+        made = step.__dict__["_candidates"] = made()
+    return made
+
+
+StepRecord.candidates = property(_candidates, lambda step, value: step.__dict__.__setitem__("_candidates", value))
 
 
 # ---------------------------------------------------------------------------------------------------- traces

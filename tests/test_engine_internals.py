@@ -17,6 +17,7 @@ from dart_core.machine.kernels import ONEDNN, ROW_BUCKETS, KernelPlan, shape_key
 from dart_core.target import TargetModel
 from dart_core.trace import RunSettings, Trace, TraceError
 from dart_core.tree import TokenTree
+from dart_core import tree_search
 from dart_core.tree_search import SearchConfig
 from tests.sampling_stats import chi2_pvalue, exact_joint, sample_through_the_loop
 from dart_core.setup.tiny_models import OracleDrafter, TargetDrafter, plain_greedy_reference, random_head, tiny_target
@@ -309,6 +310,25 @@ def test_trace_json_round_trip(tmp_path, llama):
     (tmp_path / "bad2.json").write_text("{")
     with pytest.raises(TraceError, match="not JSON"):
         Trace.load(tmp_path / "bad2.json")
+
+
+def test_a_steps_pruning_record_is_made_when_read_as_the_search_records_it(llama, monkeypatch):
+    ngram = NGramModel.build([[5, 6, 7, 5, 6, 8]], vocab_size=llama.vocab_size)
+    config = SearchConfig(node_budget=12)
+    made = []
+    recorded = tree_search._make_candidates
+    monkeypatch.setattr(tree_search, "_make_candidates", lambda *a: made.append(1) or recorded(*a))
+    trace = run(llama, DartProposer(HeadDrafter(random_head(llama), llama), config, ngram), [5, 6, 7, 9],
+                GenerationConfig(max_new_tokens=6))
+    steps = [s for s in trace.steps if s.kind == "verify"]
+    assert steps and not made                       # decoding made no record
+    for s in steps:
+        again = tree_search.search(s.rows_tokens, s.rows_probs, trace.context_at(s.index), config, ngram)
+        assert s.candidates.to_dict() == again.candidates.to_dict() and s.candidates is s.candidates
+    assert len(made) == 2 * len(steps)              # once per step read (and once per search above), then kept
+    unrecorded = run(llama, DartProposer(HeadDrafter(random_head(llama), llama), config, ngram,
+                                         record_candidates=False), [5, 6, 7, 9], GenerationConfig(max_new_tokens=6))
+    assert all(s.candidates is None for s in unrecorded.steps)
 
 
 def test_metrics_definitions_and_merge(llama):
