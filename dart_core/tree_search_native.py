@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+import torch
 
 from .ngram import NGramModel
 
@@ -16,9 +17,12 @@ COLUMNS = {"token": np.int64, "level": np.int32, "parent": np.int32, "draft_prob
 
 
 def beam_search(kernel, rows_tokens: np.ndarray, rows_probs: np.ndarray, k: int, tail: list[int], cfg,
-                eos_ids, ngram: NGramModel | None, budget: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                eos_ids, ngram: NGramModel | None, budget: int,
+                threads: int | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Every candidate's columns (COLUMNS) and the kept ones' indices, in node order, for the search of
-    dart_core.tree_search with top-k `k`, the n-gram context `tail` and `budget` nodes (at least one)."""
+    dart_core.tree_search with top-k `k`, the n-gram context `tail` and `budget` nodes (at least one), on `threads`
+    threads (None: torch's number; the same columns whatever the number)."""
+    threads = torch.get_num_threads() if threads is None else threads
     R = rows_tokens.shape[0]
     tokens = np.ascontiguousarray(rows_tokens, dtype=np.int64)
     probs = np.ascontiguousarray(rows_probs, dtype=np.float64)
@@ -33,7 +37,7 @@ def beam_search(kernel, rows_tokens: np.ndarray, rows_probs: np.ndarray, k: int,
         tokens.ctypes.data, probs.ctypes.data, R, tokens.shape[1], k, tail.ctypes.data, tail.size,
         weights[0].ctypes.data, weights[1].ctypes.data, cfg.ngram_weight, cfg.eps, int(cfg.ngram_first_level),
         cfg.beam_width, budget, eos.ctypes.data, eos.size, _c_table(ngram),
-        *(table[name].ctypes.data for name in COLUMNS), kept.ctypes.data, ctypes.byref(n_kept))
+        *(table[name].ctypes.data for name in COLUMNS), kept.ctypes.data, ctypes.byref(n_kept), threads)
     return {name: col[:n] for name, col in table.items()}, kept[: n_kept.value]
 
 

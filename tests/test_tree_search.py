@@ -8,6 +8,7 @@ from dart_core.budget.pool import CandidatePool
 from dart_core.context_ngram import ContextNGram
 from dart_core.machine import few_rows
 from dart_core.machine.hardware import detect, kernels_here
+from dart_core import tree_search_native
 from dart_core.ngram import NGramModel
 from dart_core.tree_search import (BEAM_CUT, EOS_END, EXPANDED, KEPT, LOW_NGRAM, NODE_BUDGET, SearchConfig,
                                    _tree_from_kept, search, search_in_numpy)
@@ -241,3 +242,10 @@ def test_the_c_search_matches_numpy_where_a_context_is_followed_by_hundreds_of_t
             a, b = getattr(ours.candidates, name), getattr(theirs.candidates, name)
             assert np.array_equal(a, b, equal_nan=True), (trial, name)
         assert ours.tree == theirs.tree
+        # a level's beams shared among threads, each thread with its own rows of last tokens: the same columns
+        tail = context[-(ngram.order - 1):]
+        one, *more = (tree_search_native.beam_search(kernel, rows_tokens, rows_probs, 25, tail, cfg, frozenset(),
+                                                     ngram, 60, threads) for threads in (1, 2, 3))
+        for table, kept in more:
+            assert np.array_equal(kept, one[1]) and all(np.array_equal(table[c], one[0][c], equal_nan=True)
+                                                        for c in table)

@@ -143,7 +143,7 @@ class FewRowsKernel:
         self.lib.log_terms.argtypes = [p, n, ctypes.c_double, ctypes.c_double, p]
         self.lib.log_terms.restype = None
         self.lib.dart_search.argtypes = ([p, p, n, n, n, p, n, p, p, ctypes.c_double, ctypes.c_double, ctypes.c_int, n, n,
-                                          p, n, p] + [p] * 13)
+                                          p, n, p] + [p] * 13 + [ctypes.c_int])
         self.lib.dart_search.restype = n
         self.lib.few_rows_argmax.argtypes = [p, n, n, ctypes.c_int, p]
         self.lib.few_rows_argmax.restype = None

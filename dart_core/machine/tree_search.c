@@ -20,6 +20,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 typedef unsigned long long u64;
 
@@ -233,14 +236,18 @@ enum { EXPANDED, BEAM_CUT, EOS_END, LAST_LEVEL };
 /* rows_tokens [R, stride] (the first k of each row used), rows_probs [R, stride] as doubles; tail [n_ctx]: the
    context's last tokens (-1 where the context is shorter); level_weight, logit_weight [R]; ngram: NULL for no n-gram
    term; eos [n_eos]. The columns (capacity: every candidate the search can make) are filled for each candidate;
-   kept [budget] receives the tree's candidates in node order. Returns the candidates made; *n_kept the kept ones. */
+   kept [budget] receives the tree's candidates in node order. Returns the candidates made; *n_kept the kept ones.
+   A level's beams are shared among `threads` threads, each beam's candidates computed alone (each thread keeps its
+   own rows of last tokens): the same columns whatever their number. After a target forward the n-gram tables are
+   out of the caches and the lookups wait on memory: two threads wait at once (on an EPYC Zen 5, a search inside
+   decoding 0.37 -> 0.29 ms, alternating). */
 long dart_search(const long long *rows_tokens, const double *rows_probs, long R, long stride, long k,
                  const long long *tail, long n_ctx, const double *level_weight, const double *logit_weight,
                  double ngram_weight, double eps, int ngram_first_level, long beam_width, long budget,
                  const long long *eos, long n_eos, const table *ngram,
                  long long *token, int *level, int *parent, double *draft_prob, double *logit_term_out,
                  double *ngram_prob, signed char *ngram_match, double *ngram_term, double *level_weight_out,
-                 double *score, signed char *beam, long *kept, long *n_kept) {
+                 double *score, signed char *beam, long *kept, long *n_kept, int threads) {
     long width = beam_width > 0 ? beam_width : 1, offset = 0;
     long *beam_idx = malloc(sizeof(long) * width), *next_idx = malloc(sizeof(long) * width);
     double *beam_score = malloc(sizeof(double) * width), *next_score = malloc(sizeof(double) * width);
@@ -249,8 +256,11 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
     entry *order = malloc(sizeof(entry) * (width * k + 1)), *chosen = malloc(sizeof(entry) * width);
     double *lt = malloc(sizeof(double) * (k + 1));
     unsigned char *is_eos = malloc(k + 1);
-    level_tokens lv = {k, 0, malloc(sizeof(long) * (k + 1)), malloc(sizeof(double) * (k + 1)), 0,
-                       malloc(sizeof(long long) * width), malloc(sizeof(double) * (width * k + 1))};
+    int T = threads > 1 ? threads : 1;
+    level_tokens *lvs = malloc(sizeof(level_tokens) * T);
+    for (int t = 0; t < T; t++)
+        lvs[t] = (level_tokens){k, 0, malloc(sizeof(long) * (k + 1)), malloc(sizeof(double) * (k + 1)), 0,
+                                malloc(sizeof(long long) * width), malloc(sizeof(double) * (width * k + 1))};
     long B = 1, levels = budget > 0 ? R : 0;
     beam_idx[0] = -1, beam_score[0] = 0.0;
     memcpy(ctx, tail, sizeof(long long) * n_ctx);
@@ -260,16 +270,22 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
         double wlev = level_weight[l];
         int with_ngram = ngram && ngram_weight > 0 && (l > 0 || ngram_first_level);
         long non_eos = 0;
-        if (with_ngram) start_level(&lv, tok);
+        if (with_ngram)
+            for (int t = 0; t < T; t++) start_level(&lvs[t], tok);
         for (long j = 0; j < k; j++) {
             lt[j] = log_term(prob[j], logit_weight[l], eps);
             is_eos[j] = 0;
             for (long e = 0; e < n_eos; e++) is_eos[j] |= tok[j] == eos[e];
         }
+        _Pragma("omp parallel for num_threads(T) schedule(static) reduction(+ : non_eos) if (T > 1 && B > 1)")
         for (long b = 0; b < B; b++) {
             long at = offset + b * k;
+            int t = 0;
+#ifdef _OPENMP
+            t = omp_get_thread_num();
+#endif
             if (with_ngram)
-                backoff(ngram, ctx + b * n_ctx, n_ctx, &lv, ngram_prob + at, ngram_match + at);
+                backoff(ngram, ctx + b * n_ctx, n_ctx, &lvs[t], ngram_prob + at, ngram_match + at);
             for (long j = 0; j < k; j++) {
                 long i = at + j;
                 if (with_ngram)
@@ -316,7 +332,8 @@ long dart_search(const long long *rows_tokens, const double *rows_probs, long R,
     *n_kept = n;
     free(ranked), free(candidate_at), free(beam_idx), free(next_idx), free(beam_score), free(next_score), free(ctx);
     free(next_ctx), free(order), free(chosen), free(lt), free(is_eos);
-    free(lv.ascending), free(lv.num), free(lv.last), free(lv.q);
+    for (int t = 0; t < T; t++) free(lvs[t].ascending), free(lvs[t].num), free(lvs[t].last), free(lvs[t].q);
+    free(lvs);
     return offset;
 }
 
