@@ -9,7 +9,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dart_core.budget.pool import CandidatePool, expected_rate
+from dart_core.budget.pool import CandidatePool, expected_rate, pool_path
+from dart_core.machine import few_rows
+from dart_core.machine.hardware import detect, kernels_here
 from dart_core.budget.step_budget import StepBudget
 from dart_core.forensics.replay import replay_step, replay_steps
 from dart_core.machine.records import CostCurve
@@ -55,6 +57,29 @@ def test_a_candidates_rank_alone_is_its_rank_in_the_whole_pool():
     whole[np.lexsort((pool.level, -pool.score))] = np.arange(n)
     assert (pool.ranks_of(np.arange(n)) == whole).all()
     assert list(pool.ranks_of([7, 3])) == [whole[7], whole[3]] and pool.ranks_of([]).size == 0
+
+
+def test_a_paths_ranks_in_c_are_numpys():
+    """Where our kernels are built a path's ranks come from one C pass (tree_search.c: pool_path_ranks): the same as
+    walking the pool and ranking in numpy, ties in score included, for paths the pool holds whole, in part or not."""
+    kernel = kernels_here()
+    if kernel is None:   # no C compiler here: numpy's is all there is
+        assert few_rows.why_not(detect().kind)
+        return
+    gen = np.random.default_rng(3)
+    for trial in range(12):
+        rows_probs = -np.sort(-gen.dirichlet(np.full(6, 0.7), size=4), axis=1)
+        if trial % 2:
+            rows_probs = np.round(rows_probs, 1)            # equal scores
+        rows_tokens = np.stack([gen.permutation(9)[:6] for _ in range(4)]).astype(np.int64)
+        pool = CandidatePool.of_search(search(rows_tokens, rows_probs, [1], SearchConfig(topk=6, beam_width=4,
+                                                                                          node_budget=20), None))
+        for _ in range(20):
+            path = gen.integers(0, 9, gen.integers(0, 6)).tolist()
+            walk = pool_path(pool.token, pool.parent, path)
+            assert pool.path_ranks(path).tolist() == pool.ranks_of(walk).tolist()
+        held = pool_path(pool.token, pool.parent, [int(t) for t in rows_tokens[:, 0]])
+        assert len(held) == 4 and pool.path_ranks(rows_tokens[:, 0].tolist()).tolist() == pool.ranks_of(held).tolist()
 
 
 def test_replay_steps_carry_the_context_and_what_the_target_said_next():

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..machine.hardware import kernels_here
 from ..machine.records import CostCurve
 from ..tree_search import Candidates, SearchResult
 
@@ -84,8 +85,18 @@ class CandidatePool:
         return before.sum(axis=1)
 
     def path_ranks(self, path: list[int]) -> np.ndarray:
-        """The ranks of the candidates spelling `path` from the root, as far as the pool holds it."""
-        return self.ranks_of(pool_path(self.token, self.parent, path))
+        """The ranks of the candidates spelling `path` from the root, as far as the pool holds it: in one pass of our
+        C code where it is built (machine/tree_search.c: pool_path_ranks), the same numbers."""
+        kernel = kernels_here()
+        if kernel is None:
+            return self.ranks_of(pool_path(self.token, self.parent, path))
+        columns = [np.ascontiguousarray(c, dtype=t) for c, t in ((self.token, np.int64), (self.parent, np.int32),
+                                                                 (self.score, np.float64), (self.level, np.int32))]
+        path = np.ascontiguousarray(path, dtype=np.int64)
+        ranks = np.empty(len(path), dtype=np.int64)
+        found = kernel.lib.pool_path_ranks(*(c.ctypes.data for c in columns), len(columns[0]), path.ctypes.data,
+                                           len(path), ranks.ctypes.data)
+        return ranks[:found]
 
     def accepted(self, branch: list[int], target_path: list[int], budgets) -> tuple[np.ndarray, np.ndarray]:
         """The draft tokens the target would have accepted, and the tree's nodes, under each budget (the tree is the

@@ -145,6 +145,8 @@ class FewRowsKernel:
         self.lib.dart_search.argtypes = ([p, p, n, n, n, p, n, p, p, ctypes.c_double, ctypes.c_double, ctypes.c_int, n, n,
                                           p, n, p] + [p] * 13 + [ctypes.c_int])
         self.lib.dart_search.restype = n
+        self.lib.pool_path_ranks.argtypes = [p] * 4 + [n, p, n, p]
+        self.lib.pool_path_ranks.restype = n
         self.lib.few_rows_argmax.argtypes = [p, n, n, ctypes.c_int, p]
         self.lib.few_rows_argmax.restype = None
         self.lib.few_rows_choose.argtypes = [p, p, ctypes.c_int, p, p, ctypes.c_int, n, n, n, ctypes.c_int, p, p, p,
