@@ -40,6 +40,9 @@ READING_ROWS = (1, 2, 4, 8)   # greedy verify sizes at which the ways of reading
 READING_ROUNDS = 9            # (they differ by a fifth at most: more passes than the curve's)
 # the ways of reading the weights timed (few_rows.Reading): prefetching ahead, or leaving it to the hardware
 READING_WAYS = {"ahead": Reading(1), "hardware": Reading(READING_ROWS[-1] + 1)}
+# Leaving the prefetching to the hardware must win by this much: on the EPYC Zen 5 it won a quiet hour by 1-3% at one
+# row and lost a busy one by 6-10% (docs/cpu-speed.md, section 22), and a calibration sees one hour.
+READING_MARGIN = 1.05
 PREFILL_ROWS = (128, 384)   # prompt lengths at which a prefill through the C layer and through torch's step are timed
 PREFILL_ROUNDS = 1          # (where they differ, by a third or more: one pass after the warm-up)
 CURVE_FIT = "median3+isotonic"   # how the cached curve was made: a curve made another way is measured again
@@ -243,11 +246,11 @@ def measure_reading(target: TargetModel, rows: tuple[int, ...] = READING_ROWS, c
 
 
 def reading_of(record: dict) -> Reading:
-    """From a measure_reading record: prefetching ahead from the fewest rows from which it was never slower than
-    leaving it to the hardware (one more than the rows measured where it was slower even at the most)."""
+    """From a measure_reading record: prefetching ahead from the fewest rows from which leaving it to the hardware
+    never won by READING_MARGIN (one more than the rows measured where the hardware won even at the most)."""
     start = record["rows"][-1] + 1
     for k, ahead, hardware in reversed(list(zip(record["rows"], record["ahead"], record["hardware"]))):
-        if ahead > hardware:
+        if ahead > hardware * READING_MARGIN:
             break
         start = k
     return Reading(start)
