@@ -12,6 +12,11 @@ import numpy as np
 import torch
 
 
+# Trees of up to this many nodes build their ancestor mask a row a node (8 nodes: 3 us, against 14-18 by ancestor
+# generations); larger ones, a GPU's shallow wide trees, by generations (a pass per level)
+ROW_BY_ROW = 32
+
+
 @dataclass
 class TokenTree:
     tokens: list[int]            # [n] token of each node; tokens[0] is the root
@@ -94,13 +99,21 @@ class TokenTree:
 
     def ancestor_mask(self, device=None) -> torch.Tensor:
         """[n, n] bool: mask[i, j] is True iff node j is node i or one of its ancestors."""
-        parents = np.asarray(self.parents)
-        rows = np.arange(len(parents))
-        mask = np.eye(len(parents), dtype=bool)
-        up = parents
-        while (live := up >= 0).any():   # one ancestor generation at a time: depth passes, not a pass a node
-            mask[rows[live], up[live]] = True
-            up = np.where(live, parents[np.maximum(up, 0)], -1)
+        n = len(self.parents)
+        if n <= ROW_BY_ROW:   # a node's row is its parent's plus itself (parents come first)
+            mask = np.zeros((n, n), dtype=bool)
+            for i, p in enumerate(self.parents):
+                if p >= 0:
+                    mask[i, :p + 1] = mask[p, :p + 1]
+                mask[i, i] = True
+        else:                 # one ancestor generation at a time: depth passes, not a pass a node
+            parents = np.asarray(self.parents)
+            rows = np.arange(n)
+            mask = np.eye(n, dtype=bool)
+            up = parents
+            while (live := up >= 0).any():
+                mask[rows[live], up[live]] = True
+                up = np.where(live, parents[np.maximum(up, 0)], -1)
         mask = torch.from_numpy(mask)
         return mask.to(device) if device is not None else mask
 

@@ -4,6 +4,7 @@ the columns it writes, and an n-gram model's tables as it reads them."""
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 import torch
@@ -27,9 +28,8 @@ def beam_search(kernel, rows_tokens: np.ndarray, rows_probs: np.ndarray, k: int,
     tokens = np.ascontiguousarray(rows_tokens, dtype=np.int64)
     probs = np.ascontiguousarray(rows_probs, dtype=np.float64)
     tail = np.asarray(tail, dtype=np.int64)
-    weights = [np.asarray([f(level) for level in range(R)], dtype=np.float64)
-               for f in (cfg.level_weight, cfg.logit_weight)]
-    eos = np.asarray(sorted(eos_ids), dtype=np.int64)
+    weights = _level_weights(cfg, R)
+    eos = _eos_array(frozenset(eos_ids))
     size = k * (1 + (R - 1) * cfg.beam_width)
     table = {name: np.empty(size, dtype) for name, dtype in COLUMNS.items()}
     kept, n_kept = np.empty(budget, dtype=np.int64), ctypes.c_long()
@@ -39,6 +39,27 @@ def beam_search(kernel, rows_tokens: np.ndarray, rows_probs: np.ndarray, k: int,
         cfg.beam_width, budget, eos.ctypes.data, eos.size, _c_table(ngram),
         *(table[name].ctypes.data for name in COLUMNS), kept.ctypes.data, ctypes.byref(n_kept), threads)
     return {name: col[:n] for name, col in table.items()}, kept[: n_kept.value]
+
+
+def _level_weights(cfg, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each level's weight and logit weight (SearchConfig.level_weight, logit_weight), made once per knobs: every
+    step's search asks for the same ones."""
+    key = (cfg.level_exponent, cfg.logit_decay, rows)
+    made = _WEIGHTS.get(key)
+    if made is None:
+        if len(_WEIGHTS) >= 64:   # (the app's sliders could make many)
+            _WEIGHTS.clear()
+        made = _WEIGHTS[key] = tuple(np.asarray([f(level) for level in range(rows)], dtype=np.float64)
+                                     for f in (cfg.level_weight, cfg.logit_weight))
+    return made
+
+
+_WEIGHTS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+@functools.lru_cache(maxsize=16)
+def _eos_array(eos_ids: frozenset) -> np.ndarray:
+    return np.asarray(sorted(eos_ids), dtype=np.int64)
 
 
 class _CTable(ctypes.Structure):

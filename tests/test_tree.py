@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from dart_core.tree import TokenTree
+from dart_core.tree import ROW_BY_ROW, TokenTree
 
 
 def random_tree(rng: random.Random, n: int) -> TokenTree:
@@ -36,8 +36,9 @@ def test_depths_paths_and_leaves():
 
 def test_ancestor_mask_matches_paths():
     rng = random.Random(1)
-    for _ in range(50):
-        t = random_tree(rng, rng.randrange(1, 300))   # up to a GPU's largest trees
+    # both ways of building it: a row a node up to ROW_BY_ROW nodes, by generations beyond (up to a GPU's largest)
+    for size in [1, 2, 8, ROW_BY_ROW, ROW_BY_ROW + 1] + [rng.randrange(1, 300) for _ in range(45)]:
+        t = random_tree(rng, size)
         mask = t.ancestor_mask()
         expected = torch.zeros(len(t), len(t), dtype=torch.bool)
         for i in range(len(t)):
