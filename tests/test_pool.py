@@ -38,6 +38,8 @@ def test_a_pool_accepts_by_hand():
     assert list(pool.path_ranks([21, 32, 99])) == [0, 3]
     accepted, nodes = pool.accepted([], [21, 32], [1, 3, 4, 9])
     assert list(accepted) == [1, 1, 2, 2] and list(nodes) == [1, 3, 4, 9]
+    by_length, nodes_by_length = pool.accepted_by_length([], [21, 32], [1, 3, 4, 9], [0, 2, 5])   # no branch
+    assert by_length.tolist() == [[1, 1, 2, 2]] * 3 and nodes_by_length.tolist() == [[1, 3, 4, 9]] * 3
     # a branch 21 32 40: it agrees with the target for 2 tokens; of its 3 nodes the pool's top b holds those ranked
     # below b (21: 0, 21 32: 3; 40 is not in the pool)
     accepted, nodes = pool.accepted([21, 32, 40], [21, 32], [1, 3, 4, 9])

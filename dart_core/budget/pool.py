@@ -108,14 +108,16 @@ class CandidatePool:
                            lengths) -> tuple[np.ndarray, np.ndarray]:
         """`accepted` for the branch's first L tokens, for each L of `lengths`: arrays [len(lengths), budgets]."""
         b = np.asarray(budgets)[None, :]
-        pool_accepted = (self.path_ranks(target_path)[:, None] < b).sum(0)
+        # a tree of the top b holds as many of the path's candidates as rank below b
+        pool_accepted = np.searchsorted(np.sort(self.path_ranks(target_path)), b[0])
         pool_nodes = np.minimum(b[0], len(self.token)).astype(np.float64)
+        if not branch:   # no lookup branch (dart): the pool's alone, whatever the lengths
+            return np.tile(pool_accepted.astype(np.float64), (len(lengths), 1)), np.tile(pool_nodes, (len(lengths), 1))
         agree = next((i for i, (x, y) in enumerate(zip(branch, target_path)) if x != y),
                      min(len(branch), len(target_path)))
         # the branch's nodes the pool's top b already holds, for each prefix length of the branch
         in_pool = np.zeros((len(branch) + 1, b.shape[1]))
-        if branch:
-            in_pool[1:] = np.cumsum(_padded(self.path_ranks(branch), len(branch))[:, None] < b, axis=0)
+        in_pool[1:] = np.cumsum(_padded(self.path_ranks(branch), len(branch))[:, None] < b, axis=0)
         accepted = np.empty((len(lengths), b.shape[1]))
         nodes = np.empty((len(lengths), b.shape[1]))
         for i, n in enumerate(lengths):
