@@ -11,6 +11,10 @@ import torch
 
 from .ngram import NGramModel
 
+# Threads a search shares a level's beams among: two measured faster than one inside decoding on a 2-core CPU (the
+# n-gram lookups wait on memory two at a time: docs/cpu-speed.md, section 22); more are unmeasured, and a level's 20
+# beams leave them little to share
+SEARCH_THREADS = 2
 # tree_search.c's columns, in its order, as it writes them
 COLUMNS = {"token": np.int64, "level": np.int32, "parent": np.int32, "draft_prob": np.float64,
            "logit_term": np.float64, "ngram_prob": np.float64, "ngram_match": np.int8, "ngram_term": np.float64,
@@ -22,8 +26,8 @@ def beam_search(kernel, rows_tokens: np.ndarray, rows_probs: np.ndarray, k: int,
                 threads: int | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Every candidate's columns (COLUMNS) and the kept ones' indices, in node order, for the search of
     dart_core.tree_search with top-k `k`, the n-gram context `tail` and `budget` nodes (at least one), on `threads`
-    threads (None: torch's number; the same columns whatever the number)."""
-    threads = torch.get_num_threads() if threads is None else threads
+    threads (None: torch's number, at most SEARCH_THREADS; the same columns whatever the number)."""
+    threads = min(torch.get_num_threads(), SEARCH_THREADS) if threads is None else threads
     R = rows_tokens.shape[0]
     tokens = np.ascontiguousarray(rows_tokens, dtype=np.int64)
     probs = np.ascontiguousarray(rows_probs, dtype=np.float64)
