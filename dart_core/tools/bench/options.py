@@ -100,6 +100,6 @@ def add_bench_args(p) -> None:
                         "runs finish): skip those, run the rest, report all; the settings must be the same")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-candidates", action="store_true",
-                   help="DART's steps keep their tree, not every candidate the search weighed (what the app and traces "
-                        "read; the bench reads neither): the engine's speed without that record")
+                   help="DART's steps keep their tree, not the columns every candidate the search weighed is made from "
+                        "when read (the app and traces read it; the bench does not, nor does it make it)")
     add_search_args(p)
