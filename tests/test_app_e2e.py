@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(bool(WHY) and not os.environ.get("CI"),
                                 reason=f"end-to-end browser test skipped: {WHY}")
 
 MAX_NEW = 24
-LONG_RUN = 48     # tokens of the run that holds the model while a second page queues behind it
+LONG_RUN = 256    # tokens of the run that holds the model while a second page queues behind it (48 could finish
+                  # before the second page's Run arrived on an EPYC Zen 5)
 QUEUED_RUN = 8   # tokens of the second page's run: it only has to wait its turn and finish
 QUEUE_TEXT = re.compile(r"queue: (\d+)/(\d+)")   # Gradio's status on the queued page's lanes (with the wait)
 
