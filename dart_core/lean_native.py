@@ -22,6 +22,8 @@ from the same tiles by VDPBF16PS, twice the FMAs' products an instruction (secti
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
 
@@ -83,6 +85,8 @@ class NativeLayers:
         self.weight_kind = weight_kind(self.weights, self.tiles)    # what lean_layer is told
         self.norm_out = _flat(lean.norm_out)
         self.layers = [self._packed(w) for w in lean.layers]
+        # every layer's addresses in one array, as lean_layers reads them ([L][9])
+        self.addresses = (ctypes.c_void_p * (9 * len(self.layers)))(*[a for _, ptrs in self.layers for a in ptrs])
         self.output = kernel.pack(lean.output.weight, self.weights)
         self.output_bias = _flat(lean.output.bias)
         # the packed weights on huge pages (machine/huge_pages.py): the largest, at least, was big enough to ask
@@ -160,18 +164,14 @@ class NativeLayers:
         block = None if block_mask is None else block_mask.to(torch.bool).contiguous()
         threads = torch.get_num_threads()
         scratch = torch.empty(lib.lean_layer_scratch(n, D, H, KV, d, I, past, threads))
-        kv, cap = cache.kv, cache.capacity
-        layer_floats = KV * cap * d
-        captured = {}
-        rows = (hidden.data_ptr(), None, cos.data_ptr(), sin.data_ptr(), _ptr(block))   # None: h's own norm
-        sizes = (scratch.data_ptr(), n, D, D, H, KV, d, I, past, cap, lean.eps, threads, self.weight_kind)
-        for i, (_, weights) in enumerate(self.layers):
-            if i in taps:
-                captured[i] = hidden.clone()
-            keys = kv.data_ptr() + 2 * i * layer_floats * 4
-            lib.lean_layer(*rows, *weights, keys, keys + layer_floats * 4, *sizes)
+        tap_layers = (ctypes.c_long * max(len(taps), 1))(*taps)
+        captured = torch.empty(n, len(taps) * D) if taps else None   # the tap layers' inputs, side by side
+        lib.lean_layers(hidden.data_ptr(), cos.data_ptr(), sin.data_ptr(), _ptr(block), self.addresses,
+                        len(self.layers), cache.kv.data_ptr(), KV * cache.capacity * d, scratch.data_ptr(), n, D, H,
+                        KV, d, I, past, cache.capacity, lean.eps, threads, self.weight_kind, tap_layers, len(taps),
+                        _ptr(captured))
         cache.length = past + n
-        return hidden, torch.cat([captured[i] for i in taps], dim=-1) if taps else None
+        return hidden, captured
 
 
 def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
