@@ -84,9 +84,9 @@ class NativeLayers:
         self.tiles = amx_tiles.bf16_way(kernel, self.weights, tiles)      # "" where the products are FMAs
         self.weight_kind = weight_kind(self.weights, self.tiles)    # what lean_layer is told
         self.norm_out = _flat(lean.norm_out)
-        self.layers = [self._packed(w) for w in lean.layers]
+        self.layers = [self._packed(w) for w in lean.layers]   # (kept alive here)
         # every layer's addresses in one array, as lean_layers reads them ([L][9])
-        self.addresses = (ctypes.c_void_p * (9 * len(self.layers)))(*[a for _, ptrs in self.layers for a in ptrs])
+        self.addresses = (ctypes.c_void_p * (9 * len(self.layers)))(*[_ptr(t) for kept in self.layers for t in kept])
         self.output = kernel.pack(lean.output.weight, self.weights)
         self.output_bias = _flat(lean.output.bias)
         # the packed weights on huge pages (machine/huge_pages.py): the largest, at least, was big enough to ask
@@ -107,14 +107,13 @@ class NativeLayers:
         causal block (a prompt) of up to prefill_rows."""
         return n <= self.max_rows or (block_mask is None and (self.prefill_rows is None or n <= self.prefill_rows))
 
-    def _packed(self, w) -> tuple[list, list[int | None]]:
-        """The layer's tensors (kept alive here) and their addresses, in lean_layer's order."""
+    def _packed(self, w) -> list:
+        """The layer's tensors (None where it has none), in lean_layer's order."""
         def pack(linear):
             return amx_tiles.pack(self.kernel, linear.weight, self.weights, self.tiles)
 
-        kept = [_flat(w.norm_in), pack(w.qkv), _flat(w.qkv.bias), _flat(w.qk_norm), pack(w.o), _flat(w.o.bias),
+        return [_flat(w.norm_in), pack(w.qkv), _flat(w.qkv.bias), _flat(w.qk_norm), pack(w.o), _flat(w.o.bias),
                 _flat(w.norm_post), pack(w.gate_up), pack(w.down)]
-        return kept, [_ptr(t) for t in kept]
 
     def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [n, d] of `positions`, read from one table (so a position always gets the same bits)."""
