@@ -4,6 +4,7 @@ lookup branch; and the trace's derived candidate columns computed by the search'
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -61,13 +62,15 @@ def test_a_candidates_rank_alone_is_its_rank_in_the_whole_pool():
     assert list(pool.ranks_of([7, 3])) == [whole[7], whole[3]] and pool.ranks_of([]).size == 0
 
 
-def test_a_paths_ranks_in_c_are_numpys():
+def test_a_paths_ranks_in_c_are_numpys(monkeypatch):
     """Where our kernels are built a path's ranks come from one C pass (tree_search.c: pool_path_ranks): the same as
-    walking the pool and ranking in numpy, ties in score included, for paths the pool holds whole, in part or not."""
+    walking the pool and ranking in numpy (what a machine without them runs), ties in score included, for paths the
+    pool holds whole, in part or not."""
     kernel = kernels_here()
     if kernel is None:   # no C compiler here: numpy's is all there is
         assert few_rows.why_not(detect().kind)
         return
+    pool_module = sys.modules[CandidatePool.__module__]
     gen = np.random.default_rng(3)
     for trial in range(12):
         rows_probs = -np.sort(-gen.dirichlet(np.full(6, 0.7), size=4), axis=1)
@@ -80,6 +83,9 @@ def test_a_paths_ranks_in_c_are_numpys():
             path = gen.integers(0, 9, gen.integers(0, 6)).tolist()
             walk = pool_path(pool.token, pool.parent, path)
             assert pool.path_ranks(path).tolist() == pool.ranks_of(walk).tolist()
+            with monkeypatch.context() as without:        # the same pool where no kernels are built
+                without.setattr(pool_module, "kernels_here", lambda: None)
+                assert pool.path_ranks(path).tolist() == pool.ranks_of(walk).tolist()
         held = pool_path(pool.token, pool.parent, [int(t) for t in rows_tokens[:, 0]])
         assert len(held) == 4 and pool.path_ranks(rows_tokens[:, 0].tolist()).tolist() == pool.ranks_of(held).tolist()
 
