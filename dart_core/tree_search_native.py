@@ -47,7 +47,8 @@ def beam_search(kernel, rows_tokens: np.ndarray, rows_probs: np.ndarray, k: int,
 
 def _level_weights(cfg, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Each level's weight and logit weight (SearchConfig.level_weight, logit_weight), made once per knobs: every
-    step's search asks for the same ones."""
+    step's search asks for the same ones. (A SearchConfig is not hashable, and this module may not import
+    tree_search, which imports it: a dict keyed by the two knobs, not functools.lru_cache.)"""
     key = (cfg.level_exponent, cfg.logit_decay, rows)
     made = _WEIGHTS.get(key)
     if made is None:
