@@ -31,13 +31,16 @@ from .acceptance import greedy_ids
 from .greedy_output import GreedyOutput
 from .lean_forward import LeanForward, attention_shape
 from .machine import amx_tiles, huge_pages
-from .machine.few_rows import FewRowsKernel, PackedWeight, Reading, weight_kind
+from .machine.few_rows import Q4_1, FewRowsKernel, PackedWeight, Reading, weight_kind
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps, verified trees, a prompt's block at a time
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)   # the weights the C layer reads (it computes in fp32)
 MIN_TABLE = 1024          # positions the rotation table starts with (it doubles when a run goes past it)
 HEAD_DIM_STEP, MAX_HEAD_DIM = 16, 512   # the head sizes the C attention takes (lean_layer.c: VW, MAX_HEAD_DIM)
 GREEDY_COPY = torch.int8   # the output layer's copy greedy steps read (greedy_output.py; docs/cpu-speed.md, section 11)
+# Blocks of up to this many rows read fp32 weights that are Q4_1 blocks as such (more rows read the fp32 packing: their
+# products are bound by arithmetic, which the blocks' rebuilding adds to)
+Q4_1_ROWS = 16
 
 
 def unsupported(model, hardware) -> str | None:
@@ -85,8 +88,12 @@ class NativeLayers:
         self.weight_kind = weight_kind(self.weights, self.tiles)    # what lean_layer is told
         self.norm_out = _flat(lean.norm_out)
         self.layers = [self._packed(w) for w in lean.layers]   # (kept alive here)
-        # every layer's addresses in one array, as lean_layers reads them ([L][9])
-        self.addresses = (ctypes.c_void_p * (9 * len(self.layers)))(*[_ptr(t) for kept in self.layers for t in kept])
+        self.addresses = _addresses(self.layers)
+        # fp32 weights that are Q4_1 blocks (a model dequantized from a Q4_1 file, as the default is) are also packed as
+        # those blocks, which steps of up to q4_rows rows read: the same bits from a fifth of the bytes
+        self.q4_layers = self._q4_packed(lean.layers) if self.weights == torch.float32 and not self.tiles else None
+        self.q4_addresses = _addresses(self.q4_layers) if self.q4_layers else None
+        self.q4_rows = Q4_1_ROWS if self.q4_layers else 0
         self.output = kernel.pack(lean.output.weight, self.weights)
         self.output_bias = _flat(lean.output.bias)
         # the packed weights on huge pages (machine/huge_pages.py): the largest, at least, was big enough to ask
@@ -114,6 +121,17 @@ class NativeLayers:
 
         return [_flat(w.norm_in), pack(w.qkv), _flat(w.qkv.bias), _flat(w.qk_norm), pack(w.o), _flat(w.o.bias),
                 _flat(w.norm_post), pack(w.gate_up), pack(w.down)]
+
+    def _q4_packed(self, layers) -> list | None:
+        """The layers as _packed gives them, each linear packed as Q4_1 blocks; None unless every linear is such."""
+        packed = []
+        for w, fp32 in zip(layers, self.layers):
+            linears = [self.kernel.pack_q4_1(linear.weight) for linear in (w.qkv, w.o, w.gate_up, w.down)]
+            if any(p is None for p in linears):
+                return None
+            qkv, o, gate_up, down = linears
+            packed.append([fp32[0], qkv, fp32[2], fp32[3], o, fp32[5], fp32[6], gate_up, down])
+        return packed
 
     def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [n, d] of `positions`, read from one table (so a position always gets the same bits)."""
@@ -165,12 +183,18 @@ class NativeLayers:
         scratch = torch.empty(lib.lean_layer_scratch(n, D, H, KV, d, I, past, threads))
         tap_layers = (ctypes.c_long * max(len(taps), 1))(*taps)
         captured = torch.empty(n, len(taps) * D) if taps else None   # the tap layers' inputs, side by side
-        lib.lean_layers(hidden.data_ptr(), cos.data_ptr(), sin.data_ptr(), _ptr(block), self.addresses,
-                        len(self.layers), cache.kv.data_ptr(), KV * cache.capacity * d, scratch.data_ptr(), n, D, H,
-                        KV, d, I, past, cache.capacity, lean.eps, threads, self.weight_kind, tap_layers, len(taps),
-                        _ptr(captured))
+        q4 = n <= self.q4_rows
+        lib.lean_layers(hidden.data_ptr(), cos.data_ptr(), sin.data_ptr(), _ptr(block),
+                        self.q4_addresses if q4 else self.addresses, len(self.layers), cache.kv.data_ptr(),
+                        KV * cache.capacity * d, scratch.data_ptr(), n, D, H, KV, d, I, past, cache.capacity, lean.eps,
+                        threads, weight_kind(Q4_1) if q4 else self.weight_kind, tap_layers, len(taps), _ptr(captured))
         cache.length = past + n
         return hidden, captured
+
+
+def _addresses(layers: list) -> ctypes.Array:
+    """Every layer's tensors' addresses in one array, as lean_layers reads them ([L][9])."""
+    return (ctypes.c_void_p * (9 * len(layers)))(*[_ptr(t) for kept in layers for t in kept])
 
 
 def _flat(t: torch.Tensor | None) -> torch.Tensor | None:

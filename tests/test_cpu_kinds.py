@@ -51,6 +51,8 @@ ON_ATEN_KINDS = [
     "tests/test_few_rows.py::test_the_kernel_shares_torchs_openmp_runtime",
     "tests/test_few_rows.py::test_bf16_weights_give_the_fp32_product_of_the_widened_weights",
     "tests/test_few_rows.py::test_int8_weights_give_the_product_of_their_scaled_values",
+    "tests/test_few_rows.py::test_q4_1_blocks_give_the_bits_of_the_fp32_product",
+    "tests/test_few_rows.py::test_weights_that_are_not_q4_1_blocks_are_read_in_fp32",
     "tests/test_few_rows.py::test_the_argmax_picks_what_torchs_max_picks",
     "tests/test_greedy_output.py::test_the_choice_is_the_full_layers_argmax",
     "tests/test_greedy_output.py::test_a_bf16_layer_chooses_as_its_bf16_product_does",

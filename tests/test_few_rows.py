@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from dart_core.machine import few_rows
 from dart_core.machine.hardware import detect
 
+from tests.q4_blocks import q4_1_values
+
 HERE = detect()
 KERNEL = few_rows.kernel(HERE.kind)
 
@@ -252,3 +254,37 @@ def test_the_kernel_shares_torchs_openmp_runtime():
     with open("/proc/self/maps") as fh:
         runtimes = {line.split()[-1] for line in fh if "libgomp" in line or "libiomp" in line}
     assert len(runtimes) <= 1, runtimes
+
+
+@pytest.mark.parametrize("out_features,in_features", [(1, 32), (47, 64), (100, 96), (257, 576)])
+def test_q4_1_blocks_give_the_bits_of_the_fp32_product(out_features, in_features):
+    """fp32 weights that are Q4_1 blocks (the default model's decoder), packed and read as those blocks: every output
+    the same bits as the fp32 product's, for any rows (one pass, several passes over spans) and with a bias."""
+    kernel = real_or_why()
+    if kernel is None:
+        return
+    gen = torch.Generator().manual_seed(out_features)
+    weight = q4_1_values(torch.randn(out_features, in_features, generator=gen) * 0.05)
+    bias = torch.randn(out_features, generator=gen)
+    fp32, blocks = kernel.pack(weight), kernel.pack_q4_1(weight)
+    assert blocks is not None and blocks.kind == few_rows.Q4_1_KIND
+    assert blocks.blocks.nbytes < fp32.blocks.nbytes / 4
+    for rows in (1, 2, 3, 8, 9, 17, 64):
+        x = torch.randn(rows, in_features, generator=gen)
+        for b in (None, bias):
+            assert torch.equal(kernel.linear(x, blocks, b), kernel.linear(x, fp32, b)), (rows, b is None)
+
+
+def test_weights_that_are_not_q4_1_blocks_are_read_in_fp32():
+    kernel = real_or_why()
+    if kernel is None:
+        return
+    gen = torch.Generator().manual_seed(1)
+    weight = q4_1_values(torch.randn(64, 96, generator=gen))
+    assert kernel.pack_q4_1(weight) is not None
+    moved = weight.clone()
+    moved[40, 70] = torch.nextafter(moved[40, 70], torch.tensor(9.0))   # one value a unit off its block's grid
+    assert kernel.pack_q4_1(moved) is None
+    assert kernel.pack_q4_1(torch.randn(64, 96, generator=gen)) is None            # a model trained in fp32
+    assert kernel.pack_q4_1(q4_1_values(torch.randn(8, 64, generator=gen))[:, :48].contiguous()) is None   # K % 32
+    assert kernel.pack_q4_1(weight.to(torch.bfloat16)) is None

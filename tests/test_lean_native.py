@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dart_core.decoding import GenerationConfig, run
-from dart_core.lean_native import NATIVE_ROWS
+from dart_core.lean_native import NATIVE_ROWS, Q4_1_ROWS
 from dart_core.machine import few_rows
 from dart_core.machine.few_rows import Reading
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
@@ -18,6 +18,7 @@ from dart_core.setup.calibration import (READING_WAYS, PrefillChoice, measure_pr
 from dart_core.setup.tiny_models import random_head, random_prompts, tiny_target
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
+from tests.q4_blocks import as_q4_1_model
 
 
 def native_target(family: str, seed: int = 2):
@@ -251,3 +252,37 @@ def test_the_reading_is_measured_applied_and_changes_no_bit(tmp_path, monkeypatc
     assert all(torch.equal(x, logits[0][0]) and torch.equal(y, logits[0][1]) for x, y in logits)
     target.use_lean()
     assert target.reading == Reading(9)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_a_model_of_q4_1_blocks_is_read_as_such_with_the_same_bits_and_dart_stays_lossless(family):
+    """A model whose decoder weights are Q4_1 blocks (as the default model's, dequantized from its Q4_1 file): steps
+    of up to Q4_1_ROWS rows read the blocks, and a verified tree and a prompt get the bits the fp32 packing gives;
+    DART decodes what plain decoding does. A model of other weights is read in fp32 alone."""
+    target = tiny_target(family, seed=3)
+    as_q4_1_model(target)
+    target.use_lean()
+    native = target.lean.native
+    if native is None:
+        assert few_rows.why_not(target.hardware.kind)
+        return
+    assert native.q4_layers is not None and native.q4_rows == Q4_1_ROWS
+    prompt = [(5 * i) % 90 + 3 for i in range(40)]
+    tree = TokenTree([prompt[-1], 12, 13, 14, 15, 16], [-1, 0, 0, 1, 2, 3])
+
+    def verified(q4_rows: int):
+        native.q4_rows = q4_rows
+        cache = target.new_cache()
+        first, _ = target.prefill(prompt[:-1], cache)
+        logits, _ = target.verify(tree, cache)
+        return first, logits
+
+    blocks, fp32 = verified(Q4_1_ROWS), verified(0)
+    assert torch.equal(blocks[0], fp32[0]) and torch.equal(blocks[1], fp32[1])
+    native.q4_rows = Q4_1_ROWS
+    plain = run(target, VanillaProposer(), prompt, GenerationConfig(max_new_tokens=24)).output_ids
+    drafter = HeadDrafter(random_head(target), target)
+    assert run(target, DartProposer(drafter, SearchConfig(node_budget=10)), prompt,
+               GenerationConfig(max_new_tokens=24)).output_ids == plain
+    other = native_target(family, seed=3)
+    assert other.lean.native.q4_layers is None and other.lean.native.q4_rows == 0

@@ -156,6 +156,164 @@ ALL_ROWS(float, f32_rows, load_f32)
 ALL_ROWS(bf16, bf16_rows, load_bf16)
 ALL_ROWS(signed char, i8_rows, load_i8)
 
+/* Weights that are Q4_1 blocks, read as such and computed exactly as the fp32 product computes their fp32 values.
+   A model dequantized from a Q4_1 file (the default model: every decoder linear) holds in each output's run of 32
+   inputs w = (d * q) + m, q in 0..15, d and m fp16 values, each operation rounded to fp32 (as gguf's dequantization
+   computes it). Packed as those blocks, a weight takes 0.75 bytes an entry instead of 4: per group and block of 32
+   inputs, the W outputs' d, then their m (fp32), then 16 rows of W bytes, row r holding input 2r in its low nibble
+   and 2r + 1 in its high one. The product rebuilds each weight by the same two roundings (the product kept from
+   fusing with the addition) and sums it as the fp32 product does: one FMA an input, in ascending order: the same
+   bits as few_rows_linear on the fp32 weights (tests/test_few_rows.py), in a quarter of the memory traffic. */
+#define Q4_RUN 32                      /* inputs a block's d and m cover */
+#define Q4_BLOCK (8 * W + Q4_RUN / 2 * W)   /* a group's bytes per block of inputs */
+#define Q4_AHEAD 4                     /* blocks prefetched ahead */
+
+/* The VW weights of inputs k and k + 1 (a byte each: the low and the high nibble) from q, as fp32: d * q + m, the
+   product rounded before the sum. */
+static inline void q4_weights(const unsigned char *q, vf d, vf m, vf *w0, vf *w1) {
+    vi b;
+#if defined(__AVX512F__)
+    b = (vi)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+#elif defined(__AVX2__)
+    b = (vi)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+#else
+    unsigned char c[VW];
+    __builtin_memcpy(c, q, VW);
+    for (int l = 0; l < VW; l++) b[l] = c[l];
+#endif
+    vf p0 = d * __builtin_convertvector(b & 15, vf), p1 = d * __builtin_convertvector(b >> 4, vf);
+#if defined(__AVX2__) || defined(__AVX512F__)
+    __asm__("" : "+v"(p0), "+v"(p1));   /* rounded here: no fused multiply-add with m */
+#else
+    __asm__("" : "+m"(p0), "+m"(p1));
+#endif
+    *w0 = p0 + m, *w1 = p1 + m;
+}
+
+#define UNIT_Q4(M, NB)                                                                                        \
+    {                                                                                                         \
+        vf acc[M][NB];                                                                                        \
+        _Pragma("GCC unroll 8") for (int r = 0; r < M; r++)                                                   \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[r][j] = k0 ? part[r * NB + j] : (vf){0}; \
+        const unsigned char *gb = w + blk / GROUP * (K / Q4_RUN) * Q4_BLOCK;                                  \
+        long lane = blk % GROUP * VW, last = (K / Q4_RUN) * Q4_BLOCK;                                         \
+        for (long k = k0; k < k1; k += 2) {                                                                   \
+            const unsigned char *bb = gb + k / Q4_RUN * Q4_BLOCK;                                             \
+            long pair = k % Q4_RUN / 2;                                                                       \
+            if (pass == 0 && (M >= prefetch_rows || passes > 1)) {   /* the block Q4_AHEAD on, a line a pair */ \
+                long ahead = (k / Q4_RUN + Q4_AHEAD) * Q4_BLOCK;                                              \
+                for (long line = pair; line < Q4_BLOCK / 64; line += Q4_RUN / 2)                              \
+                    if (ahead + line * 64 < last) __builtin_prefetch(gb + ahead + line * 64, 0, 3);           \
+            }                                                                                                 \
+            vf w0[NB], w1[NB];                                                                                \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) {                                            \
+                vf d, m;                                                                                      \
+                __builtin_memcpy(&d, bb + (lane + j * VW) * 4, sizeof d);                                     \
+                __builtin_memcpy(&m, bb + (W + lane + j * VW) * 4, sizeof m);                                 \
+                q4_weights(bb + 8 * W + pair * W + lane + j * VW, d, m, &w0[j], &w1[j]);                      \
+            }                                                                                                 \
+            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                                             \
+                float xa = x[r * K + k], xb = x[r * K + k + 1];                                               \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[r][j] += xa * w0[j];                 \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[r][j] += xb * w1[j];                 \
+            }                                                                                                 \
+        }                                                                                                     \
+        if (k1 < K)                                                                                           \
+            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++)                                               \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) part[r * NB + j] = acc[r][j];            \
+        else                                                                                                  \
+            for (int r = 0; r < M; r++)                                                                       \
+                for (int j = 0; j < NB; j++) store(y + r * N, acc[r][j], (blk + j) * VW, N, b, s);            \
+    }
+#define ROWS_Q4(M)                                                                                            \
+    static void q4_rows_##M(const float *restrict x, const unsigned char *restrict w, const float *restrict b, \
+                            const float *restrict s, float *restrict y, long K, long N, long ks, long blk,     \
+                            int nb, long k0, long k1, vf *restrict part, long pass, long passes) {            \
+        (void)ks;                                                                                             \
+        if (nb == NB_FOR(M)) UNIT_Q4(M, NB_FOR(M))                                                            \
+        else if (nb == NB_FOR(PASS_ROWS)) UNIT_Q4(M, NB_FOR(PASS_ROWS))                                       \
+        else UNIT_Q4(M, 1)                                                                                    \
+    }
+ROWS_Q4(1) ROWS_Q4(2) ROWS_Q4(3) ROWS_Q4(4) ROWS_Q4(5) ROWS_Q4(6) ROWS_Q4(7) ROWS_Q4(8)
+static void (*const q4_rows[PASS_ROWS + 1])(const float *, const unsigned char *, const float *, const float *,
+                                            float *, long, long, long, long, int, long, long, vf *, long, long) = {
+    0, q4_rows_1, q4_rows_2, q4_rows_3, q4_rows_4, q4_rows_5, q4_rows_6, q4_rows_7, q4_rows_8};
+
+/* fp16's spacing at |v| (fp16 has 11 significant bits; below 2^-14 its spacing stays 2^-24). */
+static float half_spacing(float v) {
+    int e;
+    frexpf(fabsf(v), &e);
+    float u = ldexpf(1.0f, e - 11);
+    return u > 0x1p-24f ? u : 0x1p-24f;
+}
+
+/* Whether fp16 value d (and m) rebuild the run's n values exactly, with their q in 0..15 written to q. */
+static int q4_fits(const float *v, long n, float d, float m, unsigned char *q) {
+    for (long i = 0; i < n; i++) {
+        float t = d > 0.0f ? rintf((v[i] - m) / d) : 0.0f;
+        if (!(t >= 0.0f && t <= 15.0f)) return 0;
+        volatile float p = d * t;   /* rounded, then added: as the product rebuilds it */
+        float w = p + m;
+        if (__builtin_memcmp(&w, v + i, 4) != 0) return 0;
+        q[i] = (unsigned char)t;
+    }
+    return 1;
+}
+
+/* d and m (fp16 values) and q for one output's run of 32 inputs, or 0 where no such block gives them exactly: m is the
+   run's least value (q = 0 gives it exactly), d near (largest - m) / q_top for the largest value's q. */
+static int q4_block_of(const float *v, float *d, float *m, unsigned char *q) {
+    float lo = v[0], hi = v[0];
+    for (long i = 1; i < Q4_RUN; i++) lo = v[i] < lo ? v[i] : lo, hi = v[i] > hi ? v[i] : hi;
+    if (!(lo == lo && hi == hi) || fabsf(lo) > 65504.0f || fabsf(hi) > 65504.0f) return 0;
+    if (rintf(lo / half_spacing(lo)) * half_spacing(lo) != lo) return 0;   /* m must be an fp16 value */
+    *m = lo;
+    if (hi == lo) {
+        *d = 0.0f;
+        return q4_fits(v, Q4_RUN, 0.0f, lo, q);
+    }
+    for (int top = 15; top >= 12; top--) {
+        float guess = (hi - lo) / (float)top, u = half_spacing(guess), base = rintf(guess / u) * u;
+        for (int step = 0; step <= 4; step++) {
+            float c = base + (float)((step + 1) / 2 * (step % 2 ? 1 : -1)) * u;
+            if (c > 0.0f && c <= 65504.0f && q4_fits(v, Q4_RUN, c, lo, q)) return *d = c, 1;
+        }
+    }
+    return 0;
+}
+
+/* The packed bytes of a weight [N, K] (row-major fp32) of Q4_1 blocks: ceil(N / W) groups of K / 32 blocks. */
+long few_rows_q4_1_bytes(long K, long N) { return (N + W - 1) / W * (K / Q4_RUN) * Q4_BLOCK; }
+
+/* Packs w [N, K] into out (few_rows_q4_1_bytes of them) as above; 1 where every output's every run of 32 inputs is a
+   Q4_1 block rebuilt exactly, else 0 (out then undefined). K must be a multiple of 32. Outputs past N: zeros. */
+int few_rows_q4_1_pack(const float *w, long N, long K, unsigned char *out) {
+    if (K % Q4_RUN) return 0;
+    long runs = K / Q4_RUN, groups = (N + W - 1) / W;
+    int ok = 1;
+    _Pragma("omp parallel for schedule(dynamic, 4) reduction(&& : ok)")
+    for (long g = 0; g < groups; g++) {
+        unsigned char q[Q4_RUN];
+        for (long r = 0; r < runs && ok; r++) {
+            unsigned char *blk = out + (g * runs + r) * Q4_BLOCK;
+            float *d = (float *)blk, *m = d + W;
+            unsigned char *nib = blk + 8 * W;
+            for (long l = 0; l < W; l++) {
+                long j = g * W + l;
+                float dj = 0.0f, mj = 0.0f;
+                if (j < N && !q4_block_of(w + j * K + r * Q4_RUN, &dj, &mj, q)) {
+                    ok = 0;
+                    break;
+                }
+                if (j >= N) __builtin_memset(q, 0, sizeof q);
+                d[l] = dj, m[l] = mj;
+                for (long p = 0; p < Q4_RUN / 2; p++) nib[p * W + l] = (unsigned char)(q[2 * p] | q[2 * p + 1] << 4);
+            }
+        }
+    }
+    return ok;
+}
+
 /* Thread t of T computes blocks lo .. hi - 1 of every product (few_rows_share gives its bytes): a group at the
    boundary between two threads' shares is read in part by each. */
 #define SHARE(blocks, t, T, lo, hi) long lo = (blocks) * (t) / (T), hi = (blocks) * ((t) + 1) / (T);
@@ -205,6 +363,13 @@ void few_rows_linear_bf16(const float *x, const bf16 *w, const float *b, float *
     LINEAR(bf16_rows)
 }
 
+/* The same with Q4_1 blocks (few_rows_q4_1_pack): the bits of few_rows_linear on their fp32 values. */
+void few_rows_linear_q4_1(const float *x, const unsigned char *w, const float *b, float *y, long M, long K, long N,
+                          int threads) {
+    const float *s = 0;
+    LINEAR(q4_rows)
+}
+
 /* The scales of int8 weights packed for these products: ceil(N / W) * W floats after the blocks. */
 static inline const float *i8_scales(const signed char *w, long K, long N) {
     return (const float *)(w + (N + W - 1) / W * W * K);
@@ -217,13 +382,19 @@ void few_rows_linear_i8(const float *x, const signed char *w, const float *b, fl
     LINEAR(i8_rows)
 }
 
-/* The bytes [*start, *end) of a packed weight [K -> N], `size` bytes an entry, that thread t of T reads in the
-   products above: a caller with other work to do first (lean_layer.c's attention) prefetches them meanwhile. */
-void few_rows_share(const void *w, long size, long K, long N, int t, int T, const char **start, const char **end) {
+/* The bytes [*start, *end) of a packed weight, `group_bytes` a group, that thread t of T reads in the products
+   above: a caller with other work to do first (lean_layer.c's attention) prefetches them meanwhile. */
+void few_rows_share_groups(const void *w, long group_bytes, long N, int t, int T, const char **start,
+                           const char **end) {
     long blocks = (N + VW - 1) / VW;
     SHARE(blocks, t, T, lo, hi)
     long first = lo / GROUP, last = hi > lo ? (hi - 1) / GROUP + 1 : first;   /* the groups its blocks lie in */
-    *start = (const char *)w + first * K * W * size, *end = (const char *)w + last * K * W * size;
+    *start = (const char *)w + first * group_bytes, *end = (const char *)w + last * group_bytes;
+}
+
+/* The same for a weight [K -> N] packed `size` bytes an entry. */
+void few_rows_share(const void *w, long size, long K, long N, int t, int T, const char **start, const char **end) {
+    few_rows_share_groups(w, K * W * size, N, t, T, start, end);
 }
 
 /* The index of each of M rows' largest entry in y [M, N], as torch's max picks it: the first of equal maxima, and a

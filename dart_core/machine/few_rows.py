@@ -53,18 +53,26 @@ NO_TOOLCHAIN = "the C compiler here cannot build a shared library"
 UNWRITABLE = "cannot write the kernels' cache folder"
 
 
-# The weights the kernel reads, and the code by which lean_layer.c is told which (its FP32/BF16/INT8_WEIGHTS); bf16
-# weights packed as tiles (amx_tiles.py) are its BF16_TILES plus their way's code less one.
+# fp32 weights that are Q4_1 blocks (few_rows.c: few_rows_q4_1_pack), packed as such (bytes), read back exactly
+Q4_1 = torch.uint8
+Q4_RUN = 32   # inputs a Q4_1 block covers
+# The weights `pack` packs, and the code by which lean_layer.c is told which (its FP32/BF16/INT8_WEIGHTS); fp32 weights
+# packed as Q4_1 blocks are its Q4_1_WEIGHTS, bf16 weights packed as tiles (amx_tiles.py) its BF16_TILES plus their
+# way's code less one.
 WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
-BF16_TILES = 3
+Q4_1_KIND = 3
+BF16_TILES = 4
 # The ways products on bf16 tiles run (bf16_tiles.c's codes): on AMX (where usable, else the stand-in), by the plain-C
 # stand-in, or by AVX512-BF16's VDPBF16PS (its arithmetic written out where the build has none).
 BF16_WAYS = {"amx": 1, "stand-in": 2, "avx512-bf16": 3}
 
 
 def weight_kind(weights: torch.dtype, tiles: str = "") -> int:
-    """What lean_layer.c is told of weights in `weights`, or (`tiles`, a way of BF16_WAYS) of bf16 ones on tiles."""
-    return BF16_TILES + BF16_WAYS[tiles] - 1 if tiles else WEIGHT_KINDS[weights]
+    """What lean_layer.c is told of weights in `weights` (Q4_1: fp32 ones packed as Q4_1 blocks), or (`tiles`, a way
+    of BF16_WAYS) of bf16 ones on tiles."""
+    if tiles:
+        return BF16_TILES + BF16_WAYS[tiles] - 1
+    return Q4_1_KIND if weights == Q4_1 else WEIGHT_KINDS[weights]
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,9 @@ class PackedWeight:
 
     def takes(self, k: int) -> bool:
         """Whether its inputs are k long."""
-        return -(-k // 32) == self.blocks.shape[1] if self.tiles else self.blocks.shape[1] == k   # (tiles of 32)
+        if self.tiles or self.blocks.dtype == Q4_1:   # (tiles and blocks of 32 inputs)
+            return -(-k // 32) == self.blocks.shape[1] and (self.tiles or k % Q4_RUN == 0)
+        return self.blocks.shape[1] == k
 
 
 def pack(weight: torch.Tensor, width: int, dtype: torch.dtype = torch.float32) -> PackedWeight:
@@ -125,10 +135,14 @@ class FewRowsKernel:
 
     def __init__(self, path: Path):
         self.lib = ctypes.CDLL(str(path))
-        for name in ("few_rows_linear", "few_rows_linear_bf16", "few_rows_linear_i8"):
+        for name in ("few_rows_linear", "few_rows_linear_bf16", "few_rows_linear_i8", "few_rows_linear_q4_1"):
             getattr(self.lib, name).argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
             getattr(self.lib, name).restype = None
         self.width = int(self.lib.few_rows_width())
+        self.lib.few_rows_q4_1_bytes.argtypes = [ctypes.c_long] * 2
+        self.lib.few_rows_q4_1_bytes.restype = ctypes.c_long
+        self.lib.few_rows_q4_1_pack.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
+        self.lib.few_rows_q4_1_pack.restype = ctypes.c_int
         p, n = ctypes.c_void_p, ctypes.c_long
         self.lib.lean_layer.argtypes = [p] * 17 + [n] * 9 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
         self.lib.lean_layer.restype = None
@@ -170,13 +184,27 @@ class FewRowsKernel:
     def pack(self, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PackedWeight:
         return pack(weight, self.width, dtype)
 
+    def pack_q4_1(self, weight: torch.Tensor) -> PackedWeight | None:
+        """`weight` (fp32) packed as Q4_1 blocks, whose product gives the bits of its fp32 product in a fifth of the
+        bytes; None unless every output's every run of 32 inputs is such a block, rebuilt exactly."""
+        n, k = weight.shape
+        if weight.dtype != torch.float32 or k % Q4_RUN:
+            return None
+        w = weight.detach().contiguous()
+        groups = -(-n // self.width)
+        size = self.lib.few_rows_q4_1_bytes(k, n)
+        blocks = huge_pages.empty(size, Q4_1).view(groups, k // Q4_RUN, size // (groups * (k // Q4_RUN)))
+        if not self.lib.few_rows_q4_1_pack(w.data_ptr(), n, k, blocks.data_ptr()):
+            return None
+        return PackedWeight(blocks, n)
+
     def linear(self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         x = x.contiguous()
         rows, k = x.shape
         if not w.takes(k) or x.dtype != torch.float32:
             raise ValueError(f"few-row kernel: x {tuple(x.shape)} {x.dtype} against a packed weight of "
                              f"{w.out_features} outputs that takes other inputs")
-        if not w.tiles and w.blocks.shape[2] != self.width:
+        if not w.tiles and w.blocks.dtype != Q4_1 and w.blocks.shape[2] != self.width:
             raise ValueError(f"few-row kernel: a weight packed {w.blocks.shape[2]} outputs wide, this build reads "
                              f"{self.width} (FewRowsKernel.pack)")
         y = torch.empty(rows, w.out_features, dtype=torch.float32)
@@ -185,7 +213,8 @@ class FewRowsKernel:
         if w.tiles:
             self.lib.bf16_tiles_linear(*args, BF16_WAYS[w.tiles])
         else:
-            (self.lib.few_rows_linear, self.lib.few_rows_linear_bf16, self.lib.few_rows_linear_i8)[w.kind](*args)
+            (self.lib.few_rows_linear, self.lib.few_rows_linear_bf16, self.lib.few_rows_linear_i8,
+             self.lib.few_rows_linear_q4_1)[w.kind](*args)
         return y
 
     def argmax(self, y: torch.Tensor) -> torch.Tensor:

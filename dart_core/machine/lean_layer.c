@@ -22,14 +22,20 @@ void few_rows_linear_bf16(const float *x, const unsigned short *w, const float *
                           int threads);
 void few_rows_linear_i8(const float *x, const signed char *w, const float *b, float *y, long M, long K, long N,
                         int threads);
+void few_rows_linear_q4_1(const float *x, const unsigned char *w, const float *b, float *y, long M, long K, long N,
+                          int threads);
 void few_rows_share(const void *w, long size, long K, long N, int t, int T, const char **start, const char **end);
+void few_rows_share_groups(const void *w, long group_bytes, long N, int t, int T, const char **start,
+                           const char **end);
+long few_rows_q4_1_bytes(long K, long N);
 void bf16_tiles_linear(const float *x, const unsigned short *tiles, const float *b, float *y, long M, long K, long N,
                        int threads, int way);
 void bf16_tiles_share(const void *tiles, long K, long N, int t, int T, const char **start, const char **end);
 
-/* the weights' kinds (machine/few_rows.py: WEIGHT_KINDS): packed for few_rows.c, or bf16 as tiles (bf16_tiles.c), a
-   kind per way their products run (BF16_TILES + the way - 1: amx_tiles.BF16_WAYS) */
-enum { FP32_WEIGHTS, BF16_WEIGHTS, INT8_WEIGHTS, BF16_TILES };
+/* the weights' kinds (machine/few_rows.py: WEIGHT_KINDS): packed for few_rows.c (fp32, bf16, int8, or fp32 values
+   as Q4_1 blocks), or bf16 as tiles (bf16_tiles.c), a kind per way their products run (BF16_TILES + the way - 1:
+   amx_tiles.BF16_WAYS) */
+enum { FP32_WEIGHTS, BF16_WEIGHTS, INT8_WEIGHTS, Q4_1_WEIGHTS, BF16_TILES };
 static const long WEIGHT_BYTES[] = {4, 2, 1};        /* an entry's bytes, by kind packed for few_rows.c */
 
 /* y = x w^T (+ b), w of the kind `weights` says */
@@ -41,6 +47,8 @@ static void linear(const float *x, const void *w, const float *b, float *y, long
         few_rows_linear_bf16(x, w, b, y, M, K, N, threads);
     else if (weights == INT8_WEIGHTS)
         few_rows_linear_i8(x, w, b, y, M, K, N, threads);
+    else if (weights == Q4_1_WEIGHTS)
+        few_rows_linear_q4_1(x, w, b, y, M, K, N, threads);
     else
         few_rows_linear(x, w, b, y, M, K, N, threads);
 }
@@ -317,6 +325,8 @@ void lean_layer(float *h, const float *x_in, const float *cos_, const float *sin
         prefetch_run pf;
         if (weights >= BF16_TILES)
             bf16_tiles_share(o_w, H * d, D, t, T, &pf.p, &pf.end);
+        else if (weights == Q4_1_WEIGHTS)
+            few_rows_share_groups(o_w, few_rows_q4_1_bytes(H * d, 1), D, t, T, &pf.p, &pf.end);
         else
             few_rows_share(o_w, WEIGHT_BYTES[weights], H * d, D, t, T, &pf.p, &pf.end);
         long blocks = (span + VW - 1) / VW, passes = 1 + (d + SLICES * VW - 1) / (SLICES * VW);
