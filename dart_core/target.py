@@ -16,7 +16,7 @@ from .acceptance import greedy_ids
 from .machine.hardware import Hardware, detect
 from .machine.kernels import FastLinears, KernelPlan, decoder_linears, onednn_applies, weights_version
 from .lean_forward import OFF, LeanForward, StaticKV
-from .lean_native import NativeLayers
+from .lean_native import Q4_1_ROWS, NativeLayers
 from .lean_native import unsupported as native_unsupported
 from .machine import few_rows
 from .machine.few_rows import Reading
@@ -63,6 +63,7 @@ class TargetModel:
         self._copy_tile_rows: int | None = 1        # ... and from these rows on its integer product (AMX or VNNI)
         self._reading = Reading()                   # measured: how the C layer's products read the weights
         self._prefill_rows: int | None = 0          # measured: prompts the C layer prefills (lean_native.py)
+        self._q4_1_rows: int | None = None          # measured: steps that read Q4_1 blocks (None: the default)
 
     def use_lean(self, on: bool = True, graphs: bool = True, tiles: str | None = None) -> str | None:
         """Decode through the lean forward over a static cache (dart_core.lean_forward) where this model's family
@@ -82,6 +83,7 @@ class TargetModel:
             self.use_greedy_copy(self.greedy_copy_rows, self._copy_tile_rows)
             self.use_reading(self._reading)
             self.use_prefill(self._prefill_rows)
+            self.use_q4_1(self._q4_1_rows)
         return why
 
     def use_greedy_copy(self, rows: int | None, tile_rows: int | None = 1) -> None:
@@ -100,6 +102,20 @@ class TargetModel:
         self._reading = reading
         if self._native is not None:
             self._native.reading = reading
+
+    def use_q4_1(self, rows: int | None) -> None:
+        """Steps of up to `rows` rows read the weights as Q4_1 blocks where the model's are such (None: up to
+        lean_native.Q4_1_ROWS; 0: never). As measured: setup.calibration.q4_1_choice."""
+        self._q4_1_rows = rows
+        native = self._native
+        if native is not None and native.q4_layers is not None:
+            native.q4_rows = Q4_1_ROWS if rows is None else min(rows, native.max_rows)
+
+    @property
+    def q4_1_rows(self) -> int:
+        """Up to how many rows a step reads the weights as Q4_1 blocks (0: never, or no such weights)."""
+        native = self._native
+        return native.q4_rows if native is not None else 0
 
     def use_prefill(self, rows: int | None) -> None:
         """Prompts of up to `rows` tokens (None: any; 0: none longer than its rows) run through the C layer, its rows

@@ -1,5 +1,6 @@
 """How far the C layer's products are from this machine's ceilings: the read bandwidth (a one-row forward reads every
-weight once) and the FMA rate (each further row adds its arithmetic).
+weight once) and the FMA rate (each further row adds its arithmetic). Where the model's weights are Q4_1 blocks (the
+default's), the same products reading those blocks too.
 
     python -m studies.ceilings                 # the default model, rows 1, 8, 16, 32
     python -m studies.ceilings --rows 1,9 --rounds 20
@@ -89,6 +90,8 @@ def main(argv=None) -> int:
     print(target.hardware.describe())
     linears = [lin for w in target.lean.layers for lin in (w.qkv, w.o, w.gate_up, w.down)]
     packed = [kernel.pack(lin.weight.detach().float()) for lin in linears]
+    blocks = [kernel.pack_q4_1(lin.weight.detach().float()) for lin in linears]
+    blocks = blocks if all(b is not None for b in blocks) else None
     size = sum(p.blocks.numel() * p.blocks.element_size() for p in packed)
     flops_per_row = 2 * sum(lin.weight.numel() for lin in linears)
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,6 +109,10 @@ def main(argv=None) -> int:
             reading.apply(kernel)
             ms = products_ms(kernel, packed, inputs, args.rounds)
             print(f"our products, {r:3d} rows, {name:>10}: {ms:6.2f} ms ({read / ms:.0%} of the read's speed)")
+        if blocks is not None:
+            ms = products_ms(kernel, blocks, inputs, args.rounds)
+            print(f"our products, {r:3d} rows, Q4_1 blocks: {ms:6.2f} ms "
+                  f"({sum(b.blocks.nbytes for b in blocks) / 1e6:.0f} MB)")
     Reading().apply(kernel)
     weight = linears[0].weight.detach().float()
     rates = {r: warm_gflops(kernel, weight, r) for r in (8, 16, 32)}

@@ -13,7 +13,8 @@ from dart_core.lean_native import NATIVE_ROWS, Q4_1_ROWS
 from dart_core.machine import few_rows
 from dart_core.machine.few_rows import Reading
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
-from dart_core.setup.calibration import (READING_WAYS, PrefillChoice, measure_prefill, measure_reading,
+from dart_core.setup.calibration import (READING_WAYS, PrefillChoice, measure_prefill, measure_q4_1, measure_reading,
+                                         q4_1_choice, q4_1_rows_of,
                                          prefill_choice, prefill_of, reading_choice, reading_of)
 from dart_core.setup.tiny_models import random_head, random_prompts, tiny_target
 from dart_core.tree import TokenTree
@@ -286,3 +287,33 @@ def test_a_model_of_q4_1_blocks_is_read_as_such_with_the_same_bits_and_dart_stay
                GenerationConfig(max_new_tokens=24)).output_ids == plain
     other = native_target(family, seed=3)
     assert other.lean.native.q4_layers is None and other.lean.native.q4_rows == 0
+
+
+def test_the_q4_1_blocks_serve_the_rows_where_they_were_never_slower():
+    record = {"rows": [1, 4, 8, 16], "fp32": [2.0, 2.2, 2.6, 3.5], "blocks": [1.0, 1.5, 2.6, 4.0]}
+    assert q4_1_rows_of(record) == 8                                         # a tie goes to the blocks
+    assert q4_1_rows_of(record | {"blocks": [2.1, 1.0, 1.0, 1.0]}) == 0     # slower at one row: never
+    assert q4_1_rows_of(record | {"blocks": [1.0, 3.0, 1.0, 1.0]}) == 1     # slower at 4: not from 8 on either
+    assert q4_1_rows_of(record | {"blocks": [1.0, 1.0, 1.0, 1.0]}) == 16
+
+
+def test_where_the_q4_1_blocks_are_read_is_measured_cached_and_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = tiny_target("qwen3", seed=4)
+    assert q4_1_choice(target) is None      # weights that are not Q4_1 blocks (or no C layer): nothing to measure
+    as_q4_1_model(target)
+    target.use_lean()
+    if target.forward_kind != "lean-native":
+        assert q4_1_choice(target) is None and target.q4_1_rows == 0
+        return
+    assert target.q4_1_rows == Q4_1_ROWS
+    record = measure_q4_1(target, rows=(1, 4), rounds=1)
+    assert record["rows"] == [1, 4] and all(t > 0 for way in ("fp32", "blocks") for t in record[way])
+    assert target.q4_1_rows == Q4_1_ROWS    # left as it found it
+    rows = q4_1_choice(target)
+    assert rows in (0, 1, 4, 8, 16, 32, 64) and q4_1_choice(target) == rows   # read back: the file
+    target.use_q4_1(4)
+    target.use_lean()                       # the C layer made again keeps what was measured
+    assert target.q4_1_rows == 4 and target.lean.native.q4_rows == 4
+    target.use_q4_1(0)
+    assert target.q4_1_rows == 0

@@ -157,6 +157,14 @@ def test_where_prompts_were_prefilled_keeps_its_file_form_and_its_words():
     assert "prefill" not in MachineRecord(summary="a CPU").to_dict()   # none (or older records): as before
 
 
+def test_the_q4_1_blocks_rows_keep_their_file_form_and_their_words():
+    blocks = MachineRecord(summary="a CPU", forward="lean-native", q4_1_rows=8)
+    assert through_json(blocks) == blocks and blocks.to_dict()["q4_1_rows"] == 8
+    assert blocks.text() == "a CPU · fp32 · lean-native forward · Q4_1 blocks up to 8 rows"
+    assert "q4_1_rows" not in MachineRecord(summary="a CPU").to_dict()   # none (or older records): as before
+    assert MachineRecord.from_dict({"summary": "an old record"}).q4_1_rows == 0
+
+
 def test_the_weights_pages_keep_their_file_form_and_their_words():
     huge = MachineRecord(summary="a CPU", forward="lean-native", huge_pages=True)
     assert through_json(huge) == huge and huge.to_dict()["huge_pages"] is True

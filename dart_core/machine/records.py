@@ -213,6 +213,7 @@ class MachineRecord:
     stream_rows: int = 0              # ... and read one block at a time up to these rows (measured; records from
     #                                   before few_rows.c packed its weights in groups of blocks read as one stream)
     prefill: str = ""    # prompts longer than its rows the C layer prefilled: "any length", "up to N tokens"; "": none
+    q4_1_rows: int = 0   # steps of up to these rows read the fp32 weights as their Q4_1 blocks (measured); 0: none
 
     def text(self) -> str:
         """'AMD EPYC · AVX2 · 2 threads · bf16 kernels: no · fp32 · lean-native forward · output copy up to 16 rows
@@ -229,8 +230,9 @@ class MachineRecord:
         rows = "1 row" if self.stream_rows == 1 else f"{self.stream_rows} rows"
         ahead += f" · one stream up to {rows}" if self.stream_rows else ""
         prefill = f" · prompts of {self.prefill} in the C layer" if self.prefill else ""
-        return (f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{tiles}{copy}{drafting}{pages}"
-                f"{ahead}{prefill}")
+        blocks = f" · Q4_1 blocks up to {self.q4_1_rows} rows" if self.q4_1_rows else ""
+        return (f"{self.summary or self.hardware.describe()} · {self.dtype}{forward}{tiles}{blocks}{copy}{drafting}"
+                f"{pages}{ahead}{prefill}")
 
     def to_dict(self) -> dict:
         d = {"hardware": self.hardware.to_dict(), "summary": self.summary,
@@ -254,6 +256,8 @@ class MachineRecord:
             d["stream_rows"] = self.stream_rows
         if self.prefill:
             d["prefill"] = self.prefill
+        if self.q4_1_rows:
+            d["q4_1_rows"] = self.q4_1_rows
         return d
 
     @classmethod
@@ -273,4 +277,4 @@ class MachineRecord:
             huge_pages=bool(d["huge_pages"]) if d.get("huge_pages") is not None else None,
             greedy_copy_tiles=str(d.get("greedy_copy_tiles") or ""), bf16_tiles=_bf16_way(d.get("bf16_tiles")),
             prefetch_from=_int_or_none(d.get("prefetch_from")), stream_rows=int(d.get("stream_rows") or 0),
-            prefill=str(d.get("prefill") or ""))
+            prefill=str(d.get("prefill") or ""), q4_1_rows=int(d.get("q4_1_rows") or 0))

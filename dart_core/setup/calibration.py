@@ -43,6 +43,7 @@ READING_WAYS = {"ahead": Reading(1), "hardware": Reading(READING_ROWS[-1] + 1)}
 # Leaving the prefetching to the hardware must win by this much: on the EPYC Zen 5 it won a quiet hour by 1-3% at one
 # row and lost a busy one by 6-10% (docs/cpu-speed.md, section 22), and a calibration sees one hour.
 READING_MARGIN = 1.05
+Q4_1_ROWS = (1, 4, 8, 16, 32, 64)   # greedy verify sizes at which Q4_1 blocks and the fp32 packing are timed
 PREFILL_ROWS = (128, 384)   # prompt lengths at which a prefill through the C layer and through torch's step are timed
 PREFILL_ROUNDS = 1          # (where they differ, by a third or more: one pass after the warm-up)
 CURVE_FIT = "median3+isotonic"   # how the cached curve was made: a curve made another way is measured again
@@ -267,6 +268,46 @@ def reading_choice(target: TargetModel, recalibrate: bool = False) -> Reading | 
 
 
 @torch.inference_mode()
+def measure_q4_1(target: TargetModel, rows: tuple[int, ...] = Q4_1_ROWS, context: int = CURVE_CONTEXT,
+                 rounds: int = CURVE_ROUNDS) -> dict:
+    """Seconds of a greedy verify of k tokens after `context` tokens with the C layer reading the weights as Q4_1
+    blocks ("blocks") and in fp32 ("fp32"), side by side: the median of `rounds` interleaved passes after a warm-up."""
+    native = target.lean.native
+    kept = native.q4_rows
+
+    def serve(rows_: int):
+        def set_up():
+            native.q4_rows = rows_
+        return set_up
+    try:
+        _, medians = _verify_times(target, rows, context, rounds, {"fp32": serve(0), "blocks": serve(native.max_rows)})
+    finally:
+        native.q4_rows = kept
+    return {"rows": list(rows), **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
+
+
+def q4_1_rows_of(record: dict) -> int:
+    """From a measure_q4_1 record: the rows up to which the blocks were never slower than the fp32 packing."""
+    served = 0
+    for k, fp32, blocks in zip(record["rows"], record["fp32"], record["blocks"]):
+        if blocks > fp32:
+            break
+        served = k
+    return served
+
+
+def q4_1_choice(target: TargetModel, recalibrate: bool = False) -> int | None:
+    """Up to how many rows the C layer reads a model's Q4_1 blocks here (measured once, cached); None where it has
+    none (no C layer, or weights that are not such blocks)."""
+    native = target.lean.native if target.lean is not None else None
+    if native is None or native.q4_layers is None:
+        return None
+    name = machine_key(target, "q4-1", f"{target.vocab_size}|{target.num_layers}|{Q4_1_ROWS}")
+    return cached(name, recalibrate, lambda: measure_q4_1(target), q4_1_rows_of, lambda record: record,
+                  "where the weights' Q4_1 blocks are read")
+
+
+@torch.inference_mode()
 def measure_prefill(target: TargetModel, rows: tuple[int, ...] = PREFILL_ROWS,
                     rounds: int = PREFILL_ROUNDS) -> dict:
     """Seconds of a prefill of k tokens through the C layer (its rows at a time) and through the lean forward's torch
@@ -347,7 +388,8 @@ def machine_record(target: TargetModel, model_name: str, with_curve: bool = Fals
                          cost_curve(target, model_name) if with_curve else None, draft_kernels,
                          target.forward_kind, target.greedy_copy_rows, target.greedy_copy_tile_rows,
                          target.huge_pages, target.greedy_copy_tiles, target.bf16_tiles,
-                         reading.prefetch_from if reading else None, prefill=target.prefill_reach)
+                         reading.prefetch_from if reading else None, prefill=target.prefill_reach,
+                         q4_1_rows=target.q4_1_rows)
 
 
 INT8_MARGIN = 0.9      # int8 weights (whose rows differ a little) must take at most this share of the others' best

@@ -30,7 +30,7 @@ from ..target import TargetModel
 from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
 from .calibration import (cost_curve, draft_kernel_choice, greedy_copy_choice, kernel_plan, machine_record,
-                          prefill_choice, reading_choice)
+                          prefill_choice, q4_1_choice, reading_choice)
 from .dtype_choice import AUTO, FAST, DtypeChoice, choose_cpu_dtype, choose_gpu_dtype, lossless_choice
 from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_LONGEST, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
 from .hub import fetch, is_hub_id
@@ -78,6 +78,9 @@ def load_target(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = AU
     choice = greedy_copy_choice(target, recalibrate)
     if choice is not None:
         target.use_greedy_copy(choice.rows, choice.tile_rows)
+    q4_rows = q4_1_choice(target, recalibrate)
+    if q4_rows is not None:
+        target.use_q4_1(q4_rows)
     reading = reading_choice(target, recalibrate)
     if reading is not None:
         target.use_reading(reading)
