@@ -160,16 +160,46 @@ ALL_ROWS(signed char, i8_rows, load_i8)
    A model dequantized from a Q4_1 file (the default model: every decoder linear) holds in each output's run of 32
    inputs w = (d * q) + m, q in 0..15, d and m fp16 values, each operation rounded to fp32 (as gguf's dequantization
    computes it). Packed as those blocks, a weight takes 0.75 bytes an entry instead of 4: per group and block of 32
-   inputs, the W outputs' d, then their m (fp32), then 16 rows of W bytes, row r holding input 2r in its low nibble
-   and 2r + 1 in its high one. The product rebuilds each weight by the same two roundings (the product kept from
-   fusing with the addition) and sums it as the fp32 product does: one FMA an input, in ascending order: the same
-   bits as few_rows_linear on the fp32 weights (tests/test_few_rows.py), in a quarter of the memory traffic. */
+   inputs, the W outputs' d, then their m (fp16, as stored), then 16 rows of W bytes, row r holding input 2r in its low nibble
+   and 2r + 1 in its high one. The product rebuilds each weight exactly (q4_weights) and sums it as the fp32 product
+   does: one FMA an input, in ascending order: the same bits as few_rows_linear on the fp32 weights
+   (tests/test_few_rows.py), from a fifth of its bytes. */
 #define Q4_RUN 32                      /* inputs a block's d and m cover */
-#define Q4_BLOCK (8 * W + Q4_RUN / 2 * W)   /* a group's bytes per block of inputs */
+#define Q4_BLOCK (4 * W + Q4_RUN / 2 * W)   /* a group's bytes per block of inputs */
 #define Q4_AHEAD 4                     /* blocks prefetched ahead */
 
-/* The VW weights of inputs k and k + 1 (a byte each: the low and the high nibble) from q, as fp32: d * q + m, the
-   product rounded before the sum. */
+/* fp16 (its bits) and fp32: exact both ways for the values a block holds (few_rows_q4_1_pack checks the round trip). */
+static float from_half(unsigned short h) {
+    int e = h >> 10 & 31, f = h & 1023;
+    float v = e == 0 ? ldexpf((float)f, -24) : e == 31 ? (f ? NAN : INFINITY) : ldexpf((float)(f | 1024), e - 25);
+    return h >> 15 ? -v : v;
+}
+
+static unsigned short to_half(float v) {
+    unsigned short sign = signbit(v) ? 0x8000 : 0;
+    float a = fabsf(v);
+    if (!(a >= 0x1p-14f)) return sign | (unsigned short)(a * 0x1p24f);   /* zero and the subnormals */
+    int e;
+    float fr = frexpf(a, &e);   /* a = fr 2^e, fr in [0.5, 1) */
+    return sign | (unsigned short)((e + 14) << 10) | (unsigned short)((fr * 2.0f - 1.0f) * 1024.0f);
+}
+
+/* VW fp16 values widened */
+static inline vf load_f16(const unsigned short *p) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__F16C__)
+    return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    vf v;
+    for (int l = 0; l < VW; l++) v[l] = from_half(p[l]);
+    return v;
+#endif
+}
+
+/* The VW weights of inputs k and k + 1 (a byte each: the low and the high nibble) from q, as fp32: d * q + m. The
+   product is exact (d has at most 11 significant bits, q 4), so whether the compiler fuses it with the sum or not,
+   the one rounding is the sum's: the value gguf's dequantization rounds twice (few_rows_q4_1_pack checks both). */
 static inline void q4_weights(const unsigned char *q, vf d, vf m, vf *w0, vf *w1) {
     vi b;
 #if defined(__AVX512F__)
@@ -181,13 +211,7 @@ static inline void q4_weights(const unsigned char *q, vf d, vf m, vf *w0, vf *w1
     __builtin_memcpy(c, q, VW);
     for (int l = 0; l < VW; l++) b[l] = c[l];
 #endif
-    vf p0 = d * __builtin_convertvector(b & 15, vf), p1 = d * __builtin_convertvector(b >> 4, vf);
-#if defined(__AVX2__) || defined(__AVX512F__)
-    __asm__("" : "+v"(p0), "+v"(p1));   /* rounded here: no fused multiply-add with m */
-#else
-    __asm__("" : "+m"(p0), "+m"(p1));
-#endif
-    *w0 = p0 + m, *w1 = p1 + m;
+    *w0 = d * __builtin_convertvector(b & 15, vf) + m, *w1 = d * __builtin_convertvector(b >> 4, vf) + m;
 }
 
 #define UNIT_Q4(M, NB)                                                                                        \
@@ -197,25 +221,28 @@ static inline void q4_weights(const unsigned char *q, vf d, vf m, vf *w0, vf *w1
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[r][j] = k0 ? part[r * NB + j] : (vf){0}; \
         const unsigned char *gb = w + blk / GROUP * (K / Q4_RUN) * Q4_BLOCK;                                  \
         long lane = blk % GROUP * VW, last = (K / Q4_RUN) * Q4_BLOCK;                                         \
-        for (long k = k0; k < k1; k += 2) {                                                                   \
-            const unsigned char *bb = gb + k / Q4_RUN * Q4_BLOCK;                                             \
-            long pair = k % Q4_RUN / 2;                                                                       \
-            if (pass == 0 && (M >= prefetch_rows || passes > 1)) {   /* the block Q4_AHEAD on, a line a pair */ \
-                long ahead = (k / Q4_RUN + Q4_AHEAD) * Q4_BLOCK;                                              \
-                for (long line = pair; line < Q4_BLOCK / 64; line += Q4_RUN / 2)                              \
-                    if (ahead + line * 64 < last) __builtin_prefetch(gb + ahead + line * 64, 0, 3);           \
-            }                                                                                                 \
-            vf w0[NB], w1[NB];                                                                                \
+        int fetch = pass == 0 && (M >= prefetch_rows || passes > 1);                                          \
+        for (long k32 = k0; k32 < k1; k32 += Q4_RUN) {   /* a block: its d and m widened once */              \
+            const unsigned char *bb = gb + k32 / Q4_RUN * Q4_BLOCK;                                           \
+            vf d[NB], m[NB];                                                                                  \
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) {                                            \
-                vf d, m;                                                                                      \
-                __builtin_memcpy(&d, bb + (lane + j * VW) * 4, sizeof d);                                     \
-                __builtin_memcpy(&m, bb + (W + lane + j * VW) * 4, sizeof m);                                 \
-                q4_weights(bb + 8 * W + pair * W + lane + j * VW, d, m, &w0[j], &w1[j]);                      \
+                const unsigned short *dm = (const unsigned short *)bb + lane + j * VW;                        \
+                d[j] = load_f16(dm), m[j] = load_f16(dm + W);                                                 \
             }                                                                                                 \
-            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                                             \
-                float xa = x[r * K + k], xb = x[r * K + k + 1];                                               \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[r][j] += xa * w0[j];                 \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[r][j] += xb * w1[j];                 \
+            long ahead = (k32 / Q4_RUN + Q4_AHEAD) * Q4_BLOCK;   /* the block Q4_AHEAD on, a line a pair */   \
+            for (long pair = 0; pair < Q4_RUN / 2; pair++) {                                                  \
+                long k = k32 + 2 * pair;                                                                      \
+                if (fetch)                                                                                    \
+                    for (long line = pair; line < (Q4_BLOCK + 63) / 64; line += Q4_RUN / 2)                   \
+                        if (ahead + line * 64 < last) __builtin_prefetch(gb + ahead + line * 64, 0, 3);       \
+                vf w0[NB], w1[NB];                                                                            \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++)                                          \
+                    q4_weights(bb + 4 * W + pair * W + lane + j * VW, d[j], m[j], &w0[j], &w1[j]);            \
+                _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                                         \
+                    float xa = x[r * K + k], xb = x[r * K + k + 1];                                           \
+                    _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[r][j] += xa * w0[j];             \
+                    _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[r][j] += xb * w1[j];             \
+                }                                                                                             \
             }                                                                                                 \
         }                                                                                                     \
         if (k1 < K)                                                                                           \
@@ -247,14 +274,16 @@ static float half_spacing(float v) {
     return u > 0x1p-24f ? u : 0x1p-24f;
 }
 
-/* Whether fp16 value d (and m) rebuild the run's n values exactly, with their q in 0..15 written to q. */
+/* Whether d and m rebuild the run's n values exactly, with their q in 0..15 written to q: each value d * q + m both
+   as gguf's dequantization computes it (the product rounded, then the sum) and fused, as the product may compute it
+   (the two agree where d * q is exact, as it is for an fp16 d). */
 static int q4_fits(const float *v, long n, float d, float m, unsigned char *q) {
     for (long i = 0; i < n; i++) {
         float t = d > 0.0f ? rintf((v[i] - m) / d) : 0.0f;
         if (!(t >= 0.0f && t <= 15.0f)) return 0;
-        volatile float p = d * t;   /* rounded, then added: as the product rebuilds it */
-        float w = p + m;
-        if (__builtin_memcmp(&w, v + i, 4) != 0) return 0;
+        volatile float p = d * t;   /* rounded before the sum */
+        float twice = p + m, fused = fmaf(d, t, m);
+        if (__builtin_memcmp(&twice, v + i, 4) != 0 || __builtin_memcmp(&fused, v + i, 4) != 0) return 0;
         q[i] = (unsigned char)t;
     }
     return 1;
@@ -296,8 +325,8 @@ int few_rows_q4_1_pack(const float *w, long N, long K, unsigned char *out) {
         unsigned char q[Q4_RUN];
         for (long r = 0; r < runs && ok; r++) {
             unsigned char *blk = out + (g * runs + r) * Q4_BLOCK;
-            float *d = (float *)blk, *m = d + W;
-            unsigned char *nib = blk + 8 * W;
+            unsigned short *d = (unsigned short *)blk, *m = d + W;
+            unsigned char *nib = blk + 4 * W;
             for (long l = 0; l < W; l++) {
                 long j = g * W + l;
                 float dj = 0.0f, mj = 0.0f;
@@ -306,7 +335,11 @@ int few_rows_q4_1_pack(const float *w, long N, long K, unsigned char *out) {
                     break;
                 }
                 if (j >= N) __builtin_memset(q, 0, sizeof q);
-                d[l] = dj, m[l] = mj;
+                d[l] = to_half(dj), m[l] = to_half(mj);
+                if (from_half(d[l]) != dj || from_half(m[l]) != mj) {   /* (not fp16 values after all) */
+                    ok = 0;
+                    break;
+                }
                 for (long p = 0; p < Q4_RUN / 2; p++) nib[p * W + l] = (unsigned char)(q[2 * p] | q[2 * p + 1] << 4);
             }
         }
