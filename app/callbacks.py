@@ -32,7 +32,7 @@ from dart_core.views.story import story_html
 from dart_core.views.text_render import lane_html, lane_text_html, token_text
 
 from .engine import Engine, EngineError
-from .lanes import DONE, ERROR, STOPPED, Lane, lane_stats, lane_status_text, replay_lane, round_robin
+from .lanes import DONE, ERROR, STOPPED, Lane, lane_stats, lane_status_text, replay_lane, round_robin, why_slower
 from .options import TREE_KNOB_NAMES, OptionError, check_knob, check_prompt, sampling_from, search_from
 from .request import RunRequest
 from .session import Session, SessionStore, freed_text
@@ -110,6 +110,8 @@ class Callbacks:
             return ""
         parts = [f"DART {dart.tokens_per_s:.1f} tok/s vs plain {plain.tokens_per_s:.1f} tok/s: "
                  f"speedup {dart.tokens_per_s / plain.tokens_per_s:.2f}×, τ {dart.metrics.tau:.2f}"]
+        if plain.finished and dart.finished and (why := why_slower(plain.metrics, dart.metrics)):
+            parts.append(why)
         pld = session.lanes.get(PLD)
         if pld and pld.tokens_per_s:
             parts.append(f"prompt lookup {pld.tokens_per_s / plain.tokens_per_s:.2f}×")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from dart_core.errors import DartError
 from dart_core.methods import VANILLA, lane_of
 from dart_core.metrics import Metrics, tokens_per_second
-from dart_core.trace import StepRecord, Trace
+from dart_core.trace import PHASES, StepRecord, Trace
 
 WAITING, RUNNING, DONE, STOPPED, ERROR, REPLAY = "waiting", "running", "done", "stopped", "error", "replay"
 log = logging.getLogger(__name__)
@@ -131,6 +131,23 @@ def lane_stats(lane: Lane, baseline: Lane | None = None) -> list[tuple[str, str]
     stats.append(("steps", str(len(lane.trace.steps))))
     stats.append(("time", f"{lane.seconds:.1f} s"))
     return stats
+
+
+def step_ms(m) -> float:
+    """A run's milliseconds a verify step, its phases summed (the prefill left out)."""
+    return sum(m.phase_time.get(p, 0.0) for p in PHASES) / m.verify_steps * 1e3 if m.verify_steps else 0.0
+
+
+def why_slower(plain, dart) -> str:
+    """Where DART ran slower than plain decoding, why, from the two runs' own step times (Metrics); "" otherwise."""
+    plain_ms, dart_ms = step_ms(plain), step_ms(dart)
+    if not plain_ms or not dart_ms or dart.tokens_per_s >= plain.tokens_per_s:
+        return ""
+    drafting = (dart.phase_time.get("draft", 0.0) + dart.phase_time.get("search", 0.0)) / dart.verify_steps * 1e3
+    verify = dart.phase_time.get("verify", 0.0) / dart.verify_steps * 1e3
+    return (f"slower here because a DART step took {dart_ms / plain_ms:.2f}x a plain one ({dart_ms:.1f} ms: "
+            f"{drafting:.1f} drafting and searching, {verify:.1f} verifying its tree; plain {plain_ms:.1f}) for "
+            f"{dart.tau:.2f} tokens: a tree pays where its rows cost little more than one, as on a GPU")
 
 
 def lane_status_text(lane: Lane) -> str:

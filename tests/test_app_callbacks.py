@@ -11,12 +11,13 @@ import pytest
 
 from app.callbacks import Callbacks
 from app.engine import Engine
-from app.lanes import DONE, REPLAY, STOPPED, Lane, replay_lane, round_robin
+from app.lanes import DONE, REPLAY, STOPPED, Lane, replay_lane, round_robin, why_slower
 from app.options import MAX_PROMPT_CHARS
 from app.request import RUN_FIELDS, RunRequest
 from app.session import Session
 from dart_core.acceptance import SamplingConfig
 from dart_core.forensics.what_if import REPLAYED, VERIFIED, what_if
+from dart_core.metrics import Metrics
 from dart_core.setup.loading import DraftSettings
 from dart_core.trace import Trace
 from dart_core.tree import TokenTree
@@ -498,3 +499,16 @@ def test_a_run_never_measures_the_cost_curve_again(engine, tmp_path, monkeypatch
     assert fixes and fixes[0].ratio < 0.2 and all(fix.action == "scaled" for fix in fixes)   # never re-measured
     assert json.loads(cached.read_text()) == wrong                                         # the cached curve stays
     assert session.lanes["dart"].trace.output_ids == session.lanes["vanilla"].trace.output_ids
+
+
+def test_where_dart_ran_slower_the_summary_says_why_from_the_runs_own_times():
+    plain = Metrics(new_tokens=100, verify_steps=100, wall_time=0.35)
+    plain.phase_time.update(verify=0.30, accept=0.002)
+    dart = Metrics(new_tokens=100, verify_steps=70, verify_tokens=100, wall_time=0.40)
+    dart.phase_time.update(draft=0.05, search=0.02, verify=0.28, accept=0.002)
+    said = why_slower(plain, dart)
+    # 5.03 ms a DART step (1.0 drafting and searching, 4.0 verifying) against 3.02 a plain one (1.67x), 1.43 tokens
+    assert "1.67x a plain one (5.0 ms: 1.0 drafting and searching, 4.0 verifying its tree; plain 3.0)" in said
+    assert "for 1.43 tokens" in said
+    assert why_slower(plain, Metrics(new_tokens=100, verify_steps=40, verify_tokens=100, wall_time=0.2)) == ""
+    assert why_slower(Metrics(), dart) == ""   # nothing to compare against
