@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from .acceptance import greedy_ids
 from .greedy_output import GreedyOutput
 from .lean_forward import LeanForward, attention_shape
-from .machine import amx_tiles, huge_pages
+from .machine import amx_tiles, few_rows, huge_pages
 from .machine.few_rows import Q4_1, FewRowsKernel, PackedWeight, Reading, weight_kind
 
 NATIVE_ROWS = 64          # rows a native step serves: decode steps, verified trees, a prompt's block at a time
@@ -58,6 +58,16 @@ def unsupported(model, hardware) -> str | None:
     if heads % kv_heads:
         return f"{heads} query heads over {kv_heads} key/value heads"
     return head_size_refused(head_dim)
+
+
+def reads_q4_1_blocks(model, hardware) -> bool:
+    """Whether the C layer would read this fp32 model's decoder as Q4_1 blocks (NativeLayers.q4_layers): its first
+    layer's linears are such blocks (the load checks every linear as it packs it)."""
+    if unsupported(model, hardware) is not None or model.get_input_embeddings().weight.dtype != torch.float32:
+        return False
+    kernel = few_rows.kernel(hardware.kind)
+    first = [m for m in model.model.layers[0].modules() if isinstance(m, torch.nn.Linear)]
+    return kernel is not None and bool(first) and all(kernel.pack_q4_1(m.weight) is not None for m in first)
 
 
 def kernels_unbuilt(hardware) -> str | None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dart_core.decoding import GenerationConfig, run
+from dart_core.machine import few_rows
 from dart_core.machine.hardware import Hardware, detect
 from dart_core.machine.kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
 from dart_core.proposers import DartProposer, VanillaProposer
@@ -18,6 +19,7 @@ from dart_core.setup.loading import load_target
 from dart_core.setup.models import dtype_name
 from dart_core.tools.bench import parse_dtypes
 from dart_core.tree_search import SearchConfig
+from tests.q4_blocks import as_q4_1_model
 from tests.test_chat import PLAIN_TEMPLATE, qwen_style_tokenizer
 from dart_core.setup.tiny_models import OracleDrafter, tiny_target
 
@@ -121,6 +123,13 @@ def test_decoding_takes_bf16_where_the_c_layer_runs_it_and_everything_else_measu
     from dart_core.machine.kernels import BATCH_ROWS
     assert choose_cpu_dtype(model, with_layer, rows_measured=BATCH_ROWS).dtype == "fp32"    # batched work measures
     assert choose_cpu_dtype(model, with_layer, native=False).dtype == "fp32"   # DART_FORWARD=lean-eager: measured
+    blocks = tiny_target("llama")
+    as_q4_1_model(blocks)   # fp32 weights that are Q4_1 blocks (the default model's): read as those, fewer bytes
+    choice = choose_cpu_dtype(blocks.model, with_layer)
+    if few_rows.kernel(with_layer.kind) is not None:
+        assert choice.dtype == "fp32" and "Q4_1 blocks" in choice.reason
+    else:   # no kernels built here: the blocks are never read
+        assert choice.dtype == "bf16"
 
 
 def test_the_benchs_default_dtypes_add_bf16_only_where_it_is_faster():

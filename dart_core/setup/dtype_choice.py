@@ -16,6 +16,8 @@ lean forward takes), `fast` takes bf16 without measuring torch's linears: the C 
 fp32's bytes, widened exactly as they are loaded and computed in fp32 (on the AMX Xeon plain decoding 96 against 52
 tokens/s: docs/cpu-speed.md#9-bf16-weights-in-the-c-layer), whatever bf16 instructions the CPU has. It is not the
 lossless dtype: bf16 weights give other tokens than fp32's (DART in bf16 is token-identical to plain decoding in bf16).
+Except where the model's fp32 weights are Q4_1 blocks (the default model, dequantized from its Q4_1 file): the C layer
+reads those blocks, a third of bf16's bytes, with fp32's bits, so `fast` takes fp32 there.
 
 Batched work (training the head, generating its training data) runs many rows per forward, where a CPU without
 native bf16 is slowest in bf16: `train` and `train-data` measure at `kernels.BATCH_ROWS` instead
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from ..lean_native import reads_q4_1_blocks
 from ..lean_native import unsupported as native_unsupported
 from ..machine.hardware import Hardware
 from ..machine.kernels import DTYPE_ROWS, decoder_linears, measure_dtypes
@@ -54,6 +57,10 @@ def choose_cpu_dtype(model, hardware: Hardware, recalibrate: bool = False,
     """The dtype for `model` (loaded in fp32) on this CPU at `rows_measured` (DTYPE_ROWS: decoding; BATCH_ROWS:
     batched work), measured once per machine, model shapes and rows. native: whether the forward asked for would
     run our C layer where it can (not `DART_FORWARD=lean-eager` or `transformers`)."""
+    if native and rows_measured == DTYPE_ROWS and reads_q4_1_blocks(model, hardware):
+        return DtypeChoice.because("fp32", "our C layer reads this model's fp32 weights as their Q4_1 blocks, "
+                                   "fewer bytes than bf16's, and fp32 is lossless",
+                                   " (docs/cpu-speed.md#23-the-default-models-weights-read-as-their-q4_1-blocks)")
     if native and rows_measured == DTYPE_ROWS and native_unsupported(model, hardware) is None:
         return DtypeChoice.because("bf16", "our C layer decodes here and reads bf16 weights, half of fp32's bytes",
                                    " (dart_core/lean_native.py: docs/cpu-speed.md#9-bf16-weights-in-the-c-layer)")
