@@ -18,6 +18,11 @@ cache: LeanForward.new_cache). On a CPU with AMX a bf16 model's products run on 
 each row's input rounded to bf16, as torch's bf16 products round it), where many rows cost hardly more than one: a
 verified tree costs little more than a plain step (docs/cpu-speed.md, section 17); on one with AVX512-BF16 and no AMX,
 from the same tiles by VDPBF16PS, twice the FMAs' products an instruction (section 18).
+
+An fp32 model whose decoder weights are Q4_1 blocks (the default model, dequantized from its Q4_1 file) is also packed
+as those blocks, a fifth of the fp32 packing's bytes, and steps of up to q4_rows rows read them (as measured:
+setup/calibration.py, q4_1_choice): the blocks' product gives the fp32 product's bits, so which packing a step reads
+never changes a token (docs/cpu-speed.md, section 23).
 """
 
 from __future__ import annotations
