@@ -20,7 +20,7 @@ verified tree costs little more than a plain step (docs/cpu-speed.md, section 17
 from the same tiles by VDPBF16PS, twice the FMAs' products an instruction (section 18).
 
 An fp32 model whose decoder weights are Q4_1 blocks (the default model, dequantized from its Q4_1 file) is also packed
-as those blocks, a fifth of the fp32 packing's bytes, and steps of up to q4_rows rows read them (as measured:
+as those blocks, a sixth of the fp32 packing's bytes, and steps of up to q4_rows rows read them (as measured:
 setup/calibration.py, q4_1_choice): the blocks' product gives the fp32 product's bits, so which packing a step reads
 never changes a token (docs/cpu-speed.md, section 23).
 """
@@ -105,7 +105,7 @@ class NativeLayers:
         self.layers = [self._packed(w) for w in lean.layers]   # (kept alive here)
         self.addresses = _addresses(self.layers)
         # fp32 weights that are Q4_1 blocks (a model dequantized from a Q4_1 file, as the default is) are also packed as
-        # those blocks, which steps of up to q4_rows rows read: the same bits from a fifth of the bytes
+        # those blocks, which steps of up to q4_rows rows read: the same bits from a sixth of the bytes
         self.q4_layers = self._q4_packed(lean.layers) if self.weights == torch.float32 and not self.tiles else None
         self.q4_addresses = _addresses(self.q4_layers) if self.q4_layers else None
         self.q4_rows = Q4_1_ROWS if self.q4_layers else 0

@@ -159,11 +159,11 @@ ALL_ROWS(signed char, i8_rows, load_i8)
 /* Weights that are Q4_1 blocks, read as such and computed exactly as the fp32 product computes their fp32 values.
    A model dequantized from a Q4_1 file (the default model: every decoder linear) holds in each output's run of 32
    inputs w = (d * q) + m, q in 0..15, d and m fp16 values, each operation rounded to fp32 (as gguf's dequantization
-   computes it). Packed as those blocks, a weight takes 0.75 bytes an entry instead of 4: per group and block of 32
-   inputs, the W outputs' d, then their m (fp16, as stored), then 16 rows of W bytes, row r holding input 2r in its low nibble
-   and 2r + 1 in its high one. The product rebuilds each weight exactly (q4_weights) and sums it as the fp32 product
-   does: one FMA an input, in ascending order: the same bits as few_rows_linear on the fp32 weights
-   (tests/test_few_rows.py), from a fifth of its bytes. */
+   computes it). Packed as those blocks, a weight takes 0.625 bytes an entry instead of 4: per group and block of 32
+   inputs, the W outputs' d, then their m (fp16, as stored), then 16 rows of W bytes, row r holding input 2r in its
+   low nibble and 2r + 1 in its high one. The product rebuilds each weight exactly (q4_weights) and sums it as the
+   fp32 product does: one FMA an input, in ascending order: the same bits as few_rows_linear on the fp32 weights
+   (tests/test_few_rows.py), from a sixth of its bytes. */
 #define Q4_RUN 32                      /* inputs a block's d and m cover */
 #define Q4_BLOCK (4 * W + Q4_RUN / 2 * W)   /* a group's bytes per block of inputs */
 #define Q4_AHEAD 4                     /* blocks prefetched ahead */

@@ -104,7 +104,7 @@ class PackedWeight:
     def takes(self, k: int) -> bool:
         """Whether its inputs are k long."""
         if self.tiles or self.blocks.dtype == Q4_1:   # (tiles and blocks of 32 inputs)
-            return -(-k // 32) == self.blocks.shape[1] and (self.tiles or k % Q4_RUN == 0)
+            return -(-k // 32) == self.blocks.shape[1] and (bool(self.tiles) or k % Q4_RUN == 0)
         return self.blocks.shape[1] == k
 
 
@@ -185,7 +185,7 @@ class FewRowsKernel:
         return pack(weight, self.width, dtype)
 
     def pack_q4_1(self, weight: torch.Tensor) -> PackedWeight | None:
-        """`weight` (fp32) packed as Q4_1 blocks, whose product gives the bits of its fp32 product in a fifth of the
+        """`weight` (fp32) packed as Q4_1 blocks, whose product gives the bits of its fp32 product from a sixth of the
         bytes; None unless every output's every run of 32 inputs is such a block, rebuilt exactly."""
         n, k = weight.shape
         if weight.dtype != torch.float32 or k % Q4_RUN:
