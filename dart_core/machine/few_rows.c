@@ -104,14 +104,26 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
         y[n + i] = s && b ? fmaf(v[i], s[n + i], b[n + i]) : s ? v[i] * s[n + i] : b ? v[i] + b[n + i] : v[i];
 }
 
+/* A unit's M x NB sums: from zero at the first input (k0 = 0), else from `part`; at the end kept in `part` (k1 < K)
+   or stored as outputs. */
+#define SUMS_FROM(M, NB)                                                                                      \
+    vf acc[M][NB];                                                                                            \
+    _Pragma("GCC unroll 8") for (int r = 0; r < M; r++)                                                       \
+        _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[r][j] = k0 ? part[r * NB + j] : (vf){0};
+#define SUMS_KEPT_OR_STORED(M, NB)                                                                            \
+    if (k1 < K)                                                                                               \
+        _Pragma("GCC unroll 8") for (int r = 0; r < M; r++)                                                   \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) part[r * NB + j] = acc[r][j];                \
+    else                                                                                                      \
+        for (int r = 0; r < M; r++)                                                                           \
+            for (int j = 0; j < NB; j++) store(y + r * N, acc[r][j], (blk + j) * VW, N, b, s);
+
 /* M rows' sums over inputs k0 .. k1 - 1 for NB blocks from blk (within one group, whose inputs lie ks entries
    apart), pass `pass` of `passes` over them: started at zero (k0 = 0) or from `part`, kept in `part` or (k1 = K)
    stored as outputs. Each output gets one FMA per input, in ascending order, whatever M. */
 #define UNIT(M, NB, LOAD)                                                                                     \
     {                                                                                                         \
-        vf acc[M][NB];                                                                                        \
-        _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                                                   \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[m][j] = k0 ? part[m * NB + j] : (vf){0}; \
+        SUMS_FROM(M, NB)                                                                                      \
         const __typeof__(*w) *wb = w + blk / GROUP * K * W + blk % GROUP * VW;                                \
         long turn = pass * SPAN, due = turn % passes;   /* several passes: a prefetch every passes-th turn */ \
         for (long k = k0; k < k1; k++, turn++) {                                                              \
@@ -128,12 +140,7 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
                 _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[m][j] += xs * wv[j];                 \
             }                                                                                                 \
         }                                                                                                     \
-        if (k1 < K)                                                                                           \
-            _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                                               \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) part[m * NB + j] = acc[m][j];            \
-        else                                                                                                  \
-            for (int m = 0; m < M; m++)                                                                       \
-                for (int j = 0; j < NB; j++) store(y + m * N, acc[m][j], (blk + j) * VW, N, b, s);            \
+        SUMS_KEPT_OR_STORED(M, NB)                                                                            \
     }
 
 /* One unit of M rows (M <= PASS_ROWS) on nb blocks: NB_FOR(M) (the most M rows take), NB_FOR(PASS_ROWS) (every pass's
@@ -216,9 +223,7 @@ static inline void q4_weights(const unsigned char *q, vf d, vf m, vf *w0, vf *w1
 
 #define UNIT_Q4(M, NB)                                                                                        \
     {                                                                                                         \
-        vf acc[M][NB];                                                                                        \
-        _Pragma("GCC unroll 8") for (int r = 0; r < M; r++)                                                   \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) acc[r][j] = k0 ? part[r * NB + j] : (vf){0}; \
+        SUMS_FROM(M, NB)                                                                                      \
         const unsigned char *gb = w + blk / GROUP * (K / Q4_RUN) * Q4_BLOCK;                                  \
         long lane = blk % GROUP * VW, last = (K / Q4_RUN) * Q4_BLOCK;                                         \
         int fetch = pass == 0 && (M >= prefetch_rows || passes > 1);                                          \
@@ -245,12 +250,7 @@ static inline void q4_weights(const unsigned char *q, vf d, vf m, vf *w0, vf *w1
                 }                                                                                             \
             }                                                                                                 \
         }                                                                                                     \
-        if (k1 < K)                                                                                           \
-            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++)                                               \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) part[r * NB + j] = acc[r][j];            \
-        else                                                                                                  \
-            for (int r = 0; r < M; r++)                                                                       \
-                for (int j = 0; j < NB; j++) store(y + r * N, acc[r][j], (blk + j) * VW, N, b, s);            \
+        SUMS_KEPT_OR_STORED(M, NB)                                                                            \
     }
 #define ROWS_Q4(M)                                                                                            \
     static void q4_rows_##M(const float *restrict x, const unsigned char *restrict w, const float *restrict b, \
