@@ -3,12 +3,14 @@ accepted, it trades tokens for the machine's verify cost, and decoding with it s
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from dart_core.budget.auto import CHECK_STEPS, PLAIN_MARGIN, AutoBudget
+from dart_core.budget import auto as auto_budget
+from dart_core.budget.auto import CHECK_STEPS, PLAIN_MARGIN, PROBE_EVERY, PROBE_EVERY_MAX, AutoBudget
 from dart_core.decoding import GenerationConfig, run
 from dart_core.forensics.misses import lookup_effects
 from dart_core.metrics import Metrics
@@ -157,21 +159,26 @@ def test_decoding_with_an_automatic_budget_is_lossless_and_records_its_choice():
     assert trace.steps[-1].budget.nodes == 3 and trace.steps[-1].budget.choice.expected_tokens > 3.5
 
 
-def test_where_drafting_does_not_pay_dart_decodes_plainly_and_keeps_probing():
+def test_where_drafting_does_not_pay_dart_decodes_plainly_and_keeps_probing(monkeypatch):
+    monkeypatch.setattr(auto_budget, "CHECK_STEPS", 10**6)   # the curve is not corrected mid-run: choices on schedule
     target = tiny_target("llama", seed=8)
     prompt = [1, 30, 31, 32, 33]
     costly = CostCurve((1, 2, 64), (0.01, 0.05, 2.0))   # any draft node costs four steps
     dart = DartProposer(HeadDrafter(random_head(target, n_mask=3, seed=4), target),
                         SearchConfig(topk=5, beam_width=3, node_budget=6), lookup=PromptLookupProposer(num_tokens=3),
                         auto_budget=AutoBudget(costly, start=6, max_budget=20))
-    trace = run(target, dart, prompt, GenerationConfig(max_new_tokens=60))
-    assert trace.output_ids == plain_greedy_reference(target, prompt, 60)
+    trace = run(target, dart, prompt, GenerationConfig(max_new_tokens=200))
+    assert trace.output_ids == plain_greedy_reference(target, prompt, 200)
     nodes = [s.budget.nodes for s in trace.steps[1:]]
     plain = [i for i, n in enumerate(nodes) if n == 0]
     assert len(plain) > len(nodes) // 2                                   # mostly plain decoding
     assert all(len(trace.steps[1 + i].tree) == 1 and trace.steps[1 + i].candidates is None for i in plain)
-    probes = [n for n in nodes[plain[0]:] if n > 0]
-    assert probes and len(probes) <= len(nodes[plain[0]:]) // 8 + 1      # one drafted step in PROBE_EVERY
+    # while plain decoding keeps winning, the probes (drafted steps under a plain choice) come ever further apart
+    probes = [i for i, s in enumerate(trace.steps[1:]) if s.budget.choice and s.budget.choice.budget == 0
+              and s.budget.nodes > 0]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(probes) >= 6 and gaps == [min(PROBE_EVERY * 2**i, PROBE_EVERY_MAX) for i in range(len(gaps))]
+    assert [i for i, n in enumerate(nodes) if n > 0 and i > plain[0]] == [i for i in probes if i > plain[0]]
     choice = trace.steps[-1].budget.choice
     assert choice.budget == 0 and choice.best_drafting > 0
     assert choice.start_tokens_per_s < choice.plain_tokens_per_s == choice.expected_tokens_per_s
@@ -219,6 +226,23 @@ def test_the_measured_curve_is_a_median_fitted_never_to_decrease(one_thread):
     assert CostCurve.from_dict(curve.to_dict()) == CostCurve(curve.rows, tuple(round(s, 6) for s in curve.seconds),
                                                              curve.context, tuple(round(m, 6) for m in curve.measured))
     assert CostCurve.from_dict({"rows": [1, 2], "seconds": [1.0, 2.0], "context": 8}).measured is None   # old files
+
+
+def test_each_size_is_timed_after_a_verify_of_its_own_size(one_thread, monkeypatch):
+    """A verify right after a larger one can cost more (one row after 64: 3.1-3.2 ms, after one row 2.5-2.7, EPYC
+    Zen 5): the curve times each size as a run of steps of that size meets it."""
+    target = tiny_target("llama", seed=8)
+    sizes, verify = [], target.verify
+
+    def slow_after_another_size(tree, *args, **kwargs):
+        if sizes and sizes[-1] != len(tree):
+            time.sleep(0.02)                  # the cost of following another size
+        sizes.append(len(tree))
+        return verify(tree, *args, **kwargs)
+    monkeypatch.setattr(target, "verify", slow_after_another_size)
+    curve = measure_cost_curve(target, rows=(1, 2, 4), context=16, rounds=2)
+    assert sizes == [1, 1, 2, 2, 4, 4] * 3                 # a warm-up pass, then 2 timed
+    assert max(curve.measured) < 0.02                     # none timed right after another size
 
 
 def test_the_monotone_fit_is_the_least_squares_isotonic_regression():

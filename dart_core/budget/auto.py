@@ -16,8 +16,10 @@ cores, a machine that changed), the curve is measured again (once: `remeasure`, 
 and if it still disagrees, scaled by what the run measured.
 
 Where no budget beats plain decoding (1 token per t(1), no drafting at all), the choice is budget 0: the proposer
-then skips the draft head and the search, so DART costs what plain decoding costs, except for one probe step every
-PROBE_EVERY steps that keeps measuring whether drafting pays again.
+then skips the draft head and the search, so DART costs what plain decoding costs, except for probe steps that keep
+measuring whether drafting pays again: PROBE_EVERY steps after plain decoding is chosen, and each time it is chosen
+again, twice as many steps later (up to PROBE_EVERY_MAX; a new prompt starts again from PROBE_EVERY). A probe costs
+the head's catching up and a tree that did not pay: one in 8 steps cost 5% of the plain mode's speed (EPYC Zen 5).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ GPU_MAX_BUDGET = 255     # on a GPU a verify of 256 rows can cost about what one
 RECHOOSE_EVERY = 4       # verify steps between two choices (each choice uses every step settled so far)
 MIN_STEPS = 2            # settled steps before the first choice replaces the starting budget
 WHOLE = 2**31 - 1        # "the whole branch", where its length is not chosen
-PROBE_EVERY = 8          # while plain decoding is chosen, draft one step in this many to keep measuring
+PROBE_EVERY = 8          # while plain decoding is chosen, draft a step after this many to keep measuring,
+PROBE_EVERY_MAX = 64     # twice as many after each probe that chose plain decoding again, up to this many
 # Plain decoding is chosen only when the curve says it beats the best tree by this much: its estimate leaves out what
 # the plain mode still pays (feature taps, the head catching up, the probes); measurements:
 # docs/cpu-speed.md#measured-plain-decodings-margin.
@@ -80,6 +83,7 @@ class AutoBudget:
         self.budget, self.choice = self.start, None
         self.choice_record: BudgetChoice | None = None  # the choice as each step records it (made once per choice)
         self._since_choice = 0
+        self._probe_every = PROBE_EVERY                  # plain steps until the next probe
         self.chooses_lookup = False
         self._learn([WHOLE])                             # the lookup branch (if any) is grafted whole
 
@@ -100,18 +104,21 @@ class AutoBudget:
     def reset(self) -> None:
         """A new prompt: its context is unrelated to the pending steps' (what was learnt stays)."""
         self.pending = []
+        self._probe_every = PROBE_EVERY
 
     def budget_for(self, context: list[int]) -> int:
         """The budget of the next step, re-chosen every few steps from everything settled so far; 0 means plain
         decoding (no drafting), except on probe steps."""
         self._settle(context)
         self._since_choice += 1
-        every = PROBE_EVERY if self.budget == 0 else self.rechoose_every
+        was_plain = self.budget == 0
+        every = self._probe_every if was_plain else self.rechoose_every
         if self.steps >= MIN_STEPS and (self.choice is None or self._since_choice >= every):
             self.choice, self._since_choice = self.best(), 0
             self.choice_record, self.budget = self.choice.recorded(), self.choice.budget
             self.lookup_tokens = int(self.lengths[0]) if self.choice.lookup_tokens is None else self.choice.lookup_tokens
             if self.budget == 0:
+                self._probe_every = min(2 * self._probe_every, PROBE_EVERY_MAX) if was_plain else PROBE_EVERY
                 return self.choice.best_drafting   # the first plain step is a probe: measuring goes on
         return self.budget
 

@@ -46,7 +46,9 @@ READING_MARGIN = 1.05
 Q4_1_ROWS = (1, 4, 8, 16, 32, 64)   # greedy verify sizes at which Q4_1 blocks and the fp32 packing are timed
 PREFILL_ROWS = (128, 384)   # prompt lengths at which a prefill through the C layer and through torch's step are timed
 PREFILL_ROUNDS = 1          # (where they differ, by a third or more: one pass after the warm-up)
-CURVE_FIT = "median3+isotonic"   # how the cached curve was made: a curve made another way is measured again
+# how the cached curve was made (each size timed after a verify of its own size, the median of 3, fitted never to
+# decrease): a curve made another way is measured again
+CURVE_FIT = "median3+isotonic, after its own size"
 FORMAT = "dart-lab-calibration/1"
 
 
@@ -133,7 +135,8 @@ def _verify_times(target: TargetModel, rows: tuple[int, ...], context: int, roun
                   ways: dict) -> tuple[int, dict[str, list[float]]]:
     """The median seconds of a greedy verify of a chain of k tokens after `context` tokens, for each k of `rows` and
     each way of `ways` (a name and what sets it up before each verify): `rounds` interleaved passes over every size
-    and way after a warm-up pass (a slow moment hits them all alike). Returns the context used (clamped to the
+    and way after a warm-up pass (a slow moment hits them all alike), each verify timed right after an untimed one of
+    the same size and way. Returns the context used (clamped to the
     model's positions) and the medians by way."""
     context = min(context, target.max_positions - max(rows) - 1)
     cache = target.new_cache()
@@ -145,13 +148,17 @@ def _verify_times(target: TargetModel, rows: tuple[int, ...], context: int, roun
         for i, tree in enumerate(trees):
             for name, set_up in ways.items():
                 set_up()
-                t0 = time.perf_counter()
-                target.verify(tree, cache, choices=True)
-                if target.device.type == "cuda":
-                    torch.cuda.synchronize()
-                if round_:
-                    times[name][i].append(time.perf_counter() - t0)
-                target.rollback(cache, context)
+                # timed as a run of steps of this size meets it: after one of its own, not after the previous size's
+                # (a one-row verify right after one of 64 rows took 3.1-3.2 ms, after one-row verifies 2.5-2.7: EPYC
+                # Zen 5, fp32)
+                for timed in (False, True):
+                    t0 = time.perf_counter()
+                    target.verify(tree, cache, choices=True)
+                    if target.device.type == "cuda":
+                        torch.cuda.synchronize()
+                    if round_ and timed:
+                        times[name][i].append(time.perf_counter() - t0)
+                    target.rollback(cache, context)
     return context, {name: [float(np.median(t)) for t in ts] for name, ts in times.items()}
 
 
