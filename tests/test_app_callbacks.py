@@ -439,8 +439,12 @@ def test_an_automatic_budget_runs_and_draws_the_cost_on_this_machine(engine, tmp
     fig = cb.charts(session, "dart")["chart_cost"]
     names = [t.name for t in fig.data]
     assert names[0].startswith("verify cost t(1+n) / t(1), fitted")
-    assert names[1:3] == ["measured (median)", "expected speedup over plain decoding"]   # the points of the fit
-    assert list(fig.data[3].x) == [chosen[-1]]                                    # the chosen budget, marked
+    # the points of the fit, the curve as the run's own verifies measured it (what the choice weighed), the speedup
+    assert names[1:4] == ["measured (median)", "as this run's verifies measured it",
+                          "expected speedup over plain decoding"]
+    last = [s.budget.choice for s in dart.steps[1:] if s.budget.choice is not None][-1]
+    assert list(fig.data[2].y)[0] == pytest.approx(1.0) and last.curve is not None
+    assert list(fig.data[4].x) == [chosen[-1]]                                    # the chosen budget, marked
     assert "threads" in fig.layout.title.text                                      # which machine it was
     # the step line says how each budget was set
     drafted = [s.index for s in dart.steps[1:] if s.budget.nodes and s.budget.choice is not None]

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from dart_core.budget import auto as auto_budget
-from dart_core.budget.auto import CHECK_STEPS, PLAIN_MARGIN, PROBE_EVERY, PROBE_EVERY_MAX, AutoBudget
+from dart_core.budget.auto import (CHECK_STEPS, MIN_VERIFIES, PLAIN_MARGIN, PROBE_EVERY, PROBE_EVERY_MAX,
+                                   RECENT_VERIFIES, AutoBudget)
 from dart_core.decoding import GenerationConfig, run
 from dart_core.forensics.misses import lookup_effects
 from dart_core.metrics import Metrics
@@ -251,6 +252,40 @@ def test_the_monotone_fit_is_the_least_squares_isotonic_regression():
     for _ in range(200):
         seconds = rng.random(int(rng.integers(1, 16)))
         assert np.allclose(monotone_fit(seconds), isotonic_regression(seconds).x)
+
+
+def test_each_choice_weighs_the_curve_as_the_runs_verifies_measure_it():
+    auto = AutoBudget(CostCurve((1, 2, 4, 64), (1.0, 1.5, 2.0, 20.0)), start=8)
+    assert auto.run_curve() is auto.curve                                 # nothing measured yet
+    for seconds in (9.0, 0.5, 0.5, 0.4, 0.6) + (0.5,) * (RECENT_VERIFIES - 1):   # the first one drops out of the window
+        auto.observe_verify(1, seconds)
+    for _ in range(MIN_VERIFIES):
+        auto.observe_verify(4, 1.5)
+    auto.observe_verify(16, 100.0)                                        # too few times to count yet
+    curve = auto.run_curve()
+    assert curve.time(1) == pytest.approx(0.5) and curve.time(4) == pytest.approx(1.5)   # the medians
+    assert curve.time(64) == pytest.approx(20.0 * 0.75)                   # beyond: the nearest size's ratio
+    assert curve.time(2) == pytest.approx(1.5 * (0.5 + 0.25 / 3))      # between: the ratio interpolated
+    assert auto.best().plain_tokens_per_s == pytest.approx(2.0) and auto.best().curve.time(4) == pytest.approx(1.5)
+
+
+def test_a_tree_the_curve_calls_dear_is_chosen_where_the_runs_verifies_find_it_cheap():
+    rng = np.random.default_rng(1)
+    rows_tokens, rows_probs = random_rows(rng)
+    target = [int(t) for t in rows_tokens[:, 0]]                      # the draft's argmax chain is right
+    context = [1, 2]
+    cfg = SearchConfig(topk=6, beam_width=4, node_budget=60)
+    choices = {}
+    for measured in (False, True):
+        auto = AutoBudget(STEEP, start=8, max_budget=40)
+        for _ in range(3):
+            auto.remember(context, search(rows_tokens, rows_probs, context, cfg).candidates, [], 0.002)
+            auto.budget_for(context + target)
+        for size in (1, 64) if measured else ():                        # verifies of 64 cost about one of 1 here
+            for _ in range(MIN_VERIFIES):
+                auto.observe_verify(size, 0.01 if size == 1 else 0.011)
+        choices[measured] = auto.best()
+    assert choices[True].budget > max(choices[False].budget, 4) and choices[True].expected_tokens > 4
 
 
 def test_a_curve_the_run_disagrees_with_is_measured_again_then_scaled():

@@ -4,6 +4,7 @@ versions wrote, and has one line of text."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -35,6 +36,9 @@ def test_a_step_budget_reads_back_what_it_wrote():
     # the choice is recorded with its estimates rounded as the file keeps them, so a replay reads what a run saw
     assert CHOICE.recorded().expected_tokens == 2.4568 and CHOICE.recorded().tokens_by_budget == [1.0, 1.235, 2.0]
     assert through_json(CHOICE.recorded()) == CHOICE.recorded()
+    # with the curve the choice weighed (the machine's as the run measured it), rounded as the file keeps it too
+    weighed = replace(CHOICE, curve=CostCurve((1, 4, 8, 64), (0.0181234567, 0.025, 0.03, 0.1), 256))
+    assert weighed.recorded().curve.seconds[0] == 0.018123 and through_json(weighed.recorded()) == weighed.recorded()
 
 
 def test_a_step_budget_of_the_first_automatic_budgets_still_reads():

@@ -10,7 +10,12 @@ budget, from one lookup of the longest.
 
 For greedy decoding these counts are exact; under sampling they use the sampled continuation, an estimate.
 
-The curve is checked against the run itself: every CHECK_STEPS verify steps, the median of measured / predicted
+Each choice weighs the curve as the run measures it (`run_curve`): at every tree size the run has verified at least
+MIN_VERIFIES times, the median of its latest RECENT_VERIFIES verify times; between and beyond those sizes, the curve
+times the ratio measured at the nearest of them. A curve measured apart from decoding can be off by a different
+factor at each size (the context's length, what ran just before, a busy spell while it was measured).
+
+The curve is also checked against the run as a whole: every CHECK_STEPS verify steps, the median of measured / predicted
 verify time. Where it is off by more than CURVE_TOLERANCE either way (a curve measured while another job held the
 cores, a machine that changed), the curve is measured again (once: `remeasure`, which also replaces the cached one),
 and if it still disagrees, scaled by what the run measured.
@@ -19,12 +24,14 @@ Where no budget beats plain decoding (1 token per t(1), no drafting at all), the
 then skips the draft head and the search, so DART costs what plain decoding costs, except for probe steps that keep
 measuring whether drafting pays again: PROBE_EVERY steps after plain decoding is chosen, and each time it is chosen
 again, twice as many steps later (up to PROBE_EVERY_MAX; a new prompt starts again from PROBE_EVERY). A probe costs
-the head's catching up and a tree that did not pay: one in 8 steps cost 5% of the plain mode's speed (EPYC Zen 5).
+the head's catching up and a tree that did not pay: with one every 8 steps, a run that chose plain decoding throughout
+ran at 0.955x the plain lane, with them spaced out 0.966x (8 prompts, EPYC Zen 5, fp32).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +55,8 @@ PROBE_EVERY_MAX = 64     # twice as many after each probe that chose plain decod
 PLAIN_MARGIN = 1.1
 CHECK_STEPS = 8          # verify steps whose measured times are held against the curve at once (their median)
 CURVE_TOLERANCE = 1.5    # measured / predicted beyond this (or below its inverse): the curve disagrees with the run
+RECENT_VERIFIES = 16     # the latest verify times kept per tree size
+MIN_VERIFIES = 3         # a size's own times stand in for the curve's once the run has this many
 
 
 def max_budget_for(device_type: str) -> int:
@@ -75,6 +84,8 @@ class AutoBudget:
         self.curve, self.start, self.max_budget = curve, int(start), int(max_budget)
         self.rechoose_every = int(rechoose_every)
         self.remeasure, self._ratios = remeasure, []
+        self._verifies: dict[int, deque] = {}            # the run's latest verify seconds, by tree size
+        self.choice_curve = curve                        # the curve as the run measures it, at the last choice
         # seconds spent re-measuring the curve mid-run: machine calibration, not decoding (the bench reports it apart)
         self.calibration_seconds = 0.0
         self.budgets = np.arange(self.max_budget + 1)
@@ -136,6 +147,7 @@ class AutoBudget:
     def observe_verify(self, tokens: int, seconds: float) -> CurveFix | None:
         """A verify of `tokens` tokens took `seconds`. Every CHECK_STEPS of them, the curve is checked; returns what
         was done when it disagreed, else None."""
+        self._verifies.setdefault(int(tokens), deque(maxlen=RECENT_VERIFIES)).append(seconds)
         self._ratios.append(seconds / self.curve.time(tokens))
         if len(self._ratios) < CHECK_STEPS:
             return None
@@ -150,6 +162,18 @@ class AutoBudget:
             self.curve, action = self.curve.scaled(ratio), "scaled"
         self.choice = None            # choose again at the next step, on the new curve
         return CurveFix(round(ratio, 3), action, self.curve.recorded())   # as the step records it
+
+    def run_curve(self) -> CostCurve:
+        """The cost curve as this run's verifies measure it: at each size verified often enough, the median of its
+        latest times; elsewhere the curve times the ratio of the nearest such sizes (interpolated between two), never
+        decreasing."""
+        sizes = sorted(k for k, times in self._verifies.items() if len(times) >= MIN_VERIFIES)
+        if not sizes:
+            return self.curve
+        ratios = [float(np.median(self._verifies[k])) / self.curve.time(k) for k in sizes]
+        rows = sorted(set(self.curve.rows) | set(sizes))
+        seconds = np.maximum.accumulate(self.curve.times(rows) * np.interp(rows, sizes, ratios))
+        return CostCurve(tuple(rows), tuple(float(t) for t in seconds), self.curve.context)
 
     def _settle(self, context: list[int]) -> None:
         keep = []
@@ -183,13 +207,14 @@ class AutoBudget:
         """(tokens per step, tokens per second) from summed acceptance and nodes, scalars or arrays alike."""
         n = max(self.steps, 1)
         tokens = 1.0 + accepted / n
-        return tokens, expected_rate(tokens, nodes / n, self.overhead, self.curve)
+        return tokens, expected_rate(tokens, nodes / n, self.overhead, self.choice_curve)
 
     def best(self) -> BudgetChoice:
+        self.choice_curve = self.run_curve()
         rates = self.rates()
         i, j = np.unravel_index(int(np.argmax(rates)), rates.shape)   # ties: the shorter branch, the smaller tree
         length, drafting = int(self.lengths[i]), 1 + int(j)
-        plain = 1.0 / self.curve.time(1)
+        plain = 1.0 / self.choice_curve.time(1)
         budget = drafting if PLAIN_MARGIN * rates[i, j] >= plain else 0
         tokens, per_s = self.rate(drafting, length) if budget else (1.0, plain)
         start = min(self.start, self.max_budget)
@@ -197,4 +222,5 @@ class AutoBudget:
         return BudgetChoice(budget, length if self.chooses_lookup else None, float(tokens), float(per_s), self.steps,
                             float(self.rate(start)[1]), start, plain_tokens_per_s=plain, best_drafting=drafting,
                             overhead_s=self.overhead, tokens_by_budget=list(1.0 + self.accepted[i] / n),
-                            nodes_by_budget=list(self.nodes[i] / n))
+                            nodes_by_budget=list(self.nodes[i] / n),
+                            curve=None if self.choice_curve is self.curve else self.choice_curve)

@@ -28,6 +28,8 @@ class BudgetChoice:
     tokens_by_budget: list[float] = field(default_factory=list)   # expected tokens per step for budget 0, 1, ...
     nodes_by_budget: list[float] = field(default_factory=list)    # expected tree nodes (the lookup branch's too)
     # (both at the chosen branch length)
+    curve: CostCurve | None = None   # the cost curve the choice weighed, the machine's as the run's verifies measured
+    # it (None: the machine's, the run had measured none of its sizes yet)
 
     def text(self) -> str:
         """'2.31 tokens per step expected, 45.2 tok/s, from 12 steps'."""
@@ -35,7 +37,10 @@ class BudgetChoice:
                 f"from {self.steps_seen} steps")
 
     def to_dict(self) -> dict:
-        return {f.name: _rounded(getattr(self, f.name)) for f in fields(self)}
+        d = {f.name: _rounded(getattr(self, f.name)) for f in fields(self) if f.name != "curve"}
+        if self.curve is not None:
+            d["curve"] = self.curve.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "BudgetChoice":
@@ -44,12 +49,15 @@ class BudgetChoice:
         known = {k: v for k, v in d.items() if k in names}
         for name in ("tokens_by_budget", "nodes_by_budget"):
             known[name] = [float(x) for x in known.get(name) or []]
+        known["curve"] = CostCurve.from_dict(known["curve"]) if known.get("curve") else None
         return cls(**{"lookup_tokens": None, **known})
 
     def recorded(self) -> "BudgetChoice":
         """The choice as a step records it (its estimates rounded as the file keeps them): what from_dict(to_dict())
         gives, made directly (the automatic budget makes one every few steps)."""
-        return BudgetChoice(**self.to_dict())
+        d = self.to_dict()
+        d.pop("curve", None)
+        return BudgetChoice(**d, curve=None if self.curve is None else self.curve.recorded())
 
 
 def _rounded(v):

@@ -53,6 +53,9 @@ def process_group(device: str):
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     try:
         yield
+        # both processes done before either tears its group down (a process torn down while the other still used the
+        # group once aborted with "terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

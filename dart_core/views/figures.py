@@ -506,12 +506,18 @@ def cost_figure(trace: Trace | None) -> go.Figure:
                                  name="measured (median)", marker={"color": "#0277bd", "size": 7},
                                  hovertemplate="%{x} draft nodes: measured %{y:.2f} one-token forwards"
                                                "<extra></extra>"))
+    weighed = choice.curve if choice is not None and choice.curve is not None else curve
+    if weighed is not curve:   # the curve as the run's own verifies measured it: what the choice weighed
+        fig.add_trace(go.Scatter(x=[k - 1 for k in ks], y=[weighed.relative(k) for k in ks], mode="lines",
+                                 name="as this run's verifies measured it", line={"color": "#4fc3f7", "dash": "dot"},
+                                 hovertemplate="%{x} draft nodes: a verify took %{y:.2f} one-token forwards"
+                                               "<extra></extra>"))
     if choice is not None and choice.tokens_by_budget:
-        t1, overhead = curve.seconds[0], choice.overhead_s
+        t1, overhead = weighed.seconds[0], choice.overhead_s
         budgets = list(range(1, len(choice.tokens_by_budget)))
         # over plain decoding's 1 / t(1): the expected rate with each token counted as t(1)
         speedup = expected_rate(t1 * np.asarray(choice.tokens_by_budget[1:]), np.asarray(choice.nodes_by_budget[1:]),
-                                overhead, curve).tolist()
+                                overhead, weighed).tolist()
         fig.add_trace(go.Scatter(x=budgets, y=speedup, mode="lines", name="expected speedup over plain decoding",
                                  line={"color": "#ef6c00"},
                                  hovertemplate="node budget %{x}: expected %{y:.2f}× plain decoding<extra></extra>"))
