@@ -257,16 +257,21 @@ def test_the_monotone_fit_is_the_least_squares_isotonic_regression():
 def test_each_choice_weighs_the_curve_as_the_runs_verifies_measure_it():
     auto = AutoBudget(CostCurve((1, 2, 4, 64), (1.0, 1.5, 2.0, 20.0)), start=8)
     assert auto.run_curve() is auto.curve                                 # nothing measured yet
-    for seconds in (9.0, 0.5, 0.5, 0.4, 0.6) + (0.5,) * (RECENT_VERIFIES - 1):   # the first one drops out of the window
+    for seconds in (9.0, 9.0, 9.0):                                       # to be pushed out of the latest verifies
+        auto.observe_verify(1, seconds)
+    for seconds in (0.5, 0.4, 0.6) + (0.5,) * (RECENT_VERIFIES - 3 - MIN_VERIFIES - 1):
         auto.observe_verify(1, seconds)
     for _ in range(MIN_VERIFIES):
         auto.observe_verify(4, 1.5)
-    auto.observe_verify(16, 100.0)                                        # too few times to count yet
+    auto.observe_verify(16, 100.0)                                        # too few times to count
     curve = auto.run_curve()
     assert curve.time(1) == pytest.approx(0.5) and curve.time(4) == pytest.approx(1.5)   # the medians
     assert curve.time(64) == pytest.approx(20.0 * 0.75)                   # beyond: the nearest size's ratio
     assert curve.time(2) == pytest.approx(1.5 * (0.5 + 0.25 / 3))      # between: the ratio interpolated
     assert auto.best().plain_tokens_per_s == pytest.approx(2.0) and auto.best().curve.time(4) == pytest.approx(1.5)
+    for _ in range(RECENT_VERIFIES):                                      # the run stops verifying one row: its
+        auto.observe_verify(4, 1.0)                                       # times leave, the neighbour's ratio stays
+    assert auto.run_curve().time(1) == pytest.approx(0.5 * 1.0) and auto.run_curve().time(4) == pytest.approx(1.0)
 
 
 def test_a_tree_the_curve_calls_dear_is_chosen_where_the_runs_verifies_find_it_cheap():

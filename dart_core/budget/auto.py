@@ -10,10 +10,13 @@ budget, from one lookup of the longest.
 
 For greedy decoding these counts are exact; under sampling they use the sampled continuation, an estimate.
 
-Each choice weighs the curve as the run measures it (`run_curve`): at every tree size the run has verified at least
-MIN_VERIFIES times, the median of its latest RECENT_VERIFIES verify times; between and beyond those sizes, the curve
-times the ratio measured at the nearest of them. A curve measured apart from decoding can be off by a different
-factor at each size (the context's length, what ran just before, a busy spell while it was measured).
+Each choice weighs the curve as the run measures it (`run_curve`): at every tree size verified at least MIN_VERIFIES
+times among the run's latest RECENT_VERIFIES verifies, the median of those times; between and beyond those sizes, the
+curve times the ratio measured at the nearest of them. A curve measured apart from decoding can be off by a different
+factor at each size (the context's length, what ran just before, a busy spell while it was measured). Only the latest
+verifies count, whatever their size: a size the run stopped verifying (plain decoding's one row, while trees are
+chosen) is weighed at its neighbours' ratio, not at times from another hour. Kept by size however old, such times
+locked choices in: dart_pld ran 0.84x our plain lane on the full sets, 0.97x with the latest verifies alone.
 
 The curve is also checked against the run as a whole: every CHECK_STEPS verify steps, the median of measured / predicted
 verify time. Where it is off by more than CURVE_TOLERANCE either way (a curve measured while another job held the
@@ -24,8 +27,7 @@ Where no budget beats plain decoding (1 token per t(1), no drafting at all), the
 then skips the draft head and the search, so DART costs what plain decoding costs, except for probe steps that keep
 measuring whether drafting pays again: PROBE_EVERY steps after plain decoding is chosen, and each time it is chosen
 again, twice as many steps later (up to PROBE_EVERY_MAX; a new prompt starts again from PROBE_EVERY). A probe costs
-the head's catching up and a tree that did not pay: with one every 8 steps, a run that chose plain decoding throughout
-ran at 0.955x the plain lane, with them spaced out 0.966x (8 prompts, EPYC Zen 5, fp32).
+the head's catching up and a tree that did not pay (docs/cpu-speed.md, section 24).
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ PROBE_EVERY_MAX = 64     # twice as many after each probe that chose plain decod
 PLAIN_MARGIN = 1.1
 CHECK_STEPS = 8          # verify steps whose measured times are held against the curve at once (their median)
 CURVE_TOLERANCE = 1.5    # measured / predicted beyond this (or below its inverse): the curve disagrees with the run
-RECENT_VERIFIES = 16     # the latest verify times kept per tree size
-MIN_VERIFIES = 3         # a size's own times stand in for the curve's once the run has this many
+RECENT_VERIFIES = 32     # the latest verifies whose times correct the curve
+MIN_VERIFIES = 3         # a size's own times stand in for the curve's where the latest verifies hold this many
 
 
 def max_budget_for(device_type: str) -> int:
@@ -84,7 +86,7 @@ class AutoBudget:
         self.curve, self.start, self.max_budget = curve, int(start), int(max_budget)
         self.rechoose_every = int(rechoose_every)
         self.remeasure, self._ratios = remeasure, []
-        self._verifies: dict[int, deque] = {}            # the run's latest verify seconds, by tree size
+        self._verifies: deque = deque(maxlen=RECENT_VERIFIES)   # the run's latest verifies: (tokens, seconds)
         self.choice_curve = curve                        # the curve as the run measures it, at the last choice
         # seconds spent re-measuring the curve mid-run: machine calibration, not decoding (the bench reports it apart)
         self.calibration_seconds = 0.0
@@ -147,7 +149,7 @@ class AutoBudget:
     def observe_verify(self, tokens: int, seconds: float) -> CurveFix | None:
         """A verify of `tokens` tokens took `seconds`. Every CHECK_STEPS of them, the curve is checked; returns what
         was done when it disagreed, else None."""
-        self._verifies.setdefault(int(tokens), deque(maxlen=RECENT_VERIFIES)).append(seconds)
+        self._verifies.append((int(tokens), seconds))
         self._ratios.append(seconds / self.curve.time(tokens))
         if len(self._ratios) < CHECK_STEPS:
             return None
@@ -164,13 +166,16 @@ class AutoBudget:
         return CurveFix(round(ratio, 3), action, self.curve.recorded())   # as the step records it
 
     def run_curve(self) -> CostCurve:
-        """The cost curve as this run's verifies measure it: at each size verified often enough, the median of its
-        latest times; elsewhere the curve times the ratio of the nearest such sizes (interpolated between two), never
+        """The cost curve as this run's latest verifies measure it: at each size among them often enough, the median
+        of its times; elsewhere the curve times the ratio of the nearest such sizes (interpolated between two), never
         decreasing."""
-        sizes = sorted(k for k, times in self._verifies.items() if len(times) >= MIN_VERIFIES)
+        by_size: dict[int, list[float]] = {}
+        for tokens, seconds in self._verifies:
+            by_size.setdefault(tokens, []).append(seconds)
+        sizes = sorted(k for k, times in by_size.items() if len(times) >= MIN_VERIFIES)
         if not sizes:
             return self.curve
-        ratios = [float(np.median(self._verifies[k])) / self.curve.time(k) for k in sizes]
+        ratios = [float(np.median(by_size[k])) / self.curve.time(k) for k in sizes]
         rows = sorted(set(self.curve.rows) | set(sizes))
         seconds = np.maximum.accumulate(self.curve.times(rows) * np.interp(rows, sizes, ratios))
         return CostCurve(tuple(rows), tuple(float(t) for t in seconds), self.curve.context)

@@ -32,7 +32,10 @@ from ..tree import TokenTree
 from .defaults import cache_root
 from .files import write_atomic
 
-CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # verify sizes (tree nodes + root) measured
+# verify sizes (tree nodes + root) measured: with each size just past one where a kernel may switch (the Q4_1 blocks,
+# the output copy and the reading ways are chosen per row count among 1, 2, 4, 8, 12, 16, 32), so that no straight
+# line of the curve bridges a switch (on the EPYC Zen 5, 9 rows took 12 ms where the line from 8 to 12 said 7.9)
+CURVE_ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17, 24, 32, 33, 48, 64)
 GPU_CURVE_ROWS = CURVE_ROWS + (96, 128, 192, 256)          # on a GPU, up to the largest budget it considers
 GREEDY_COPY_ROWS = (1, 4, 8, 16, 32, 64)   # greedy verify sizes at which the output layer's copy is timed
 CURVE_ROUNDS = 3           # timed passes over every size, interleaved (a slow moment hits all sizes alike); median
@@ -43,7 +46,9 @@ READING_WAYS = {"ahead": Reading(1), "hardware": Reading(READING_ROWS[-1] + 1)}
 # Leaving the prefetching to the hardware must win by this much: on the EPYC Zen 5 it won a quiet hour by 1-3% at one
 # row and lost a busy one by 6-10% (docs/cpu-speed.md, section 22), and a calibration sees one hour.
 READING_MARGIN = 1.05
-Q4_1_ROWS = (1, 4, 8, 16, 32, 64)   # greedy verify sizes at which Q4_1 blocks and the fp32 packing are timed
+# greedy verify sizes at which Q4_1 blocks and the fp32 packing are timed (12: on the EPYC Zen 5 the blocks won at 12
+# rows, 7.99 against 10.64 ms for the decoder's products, and lost or tied at 16 by the minute)
+Q4_1_ROWS = (1, 4, 8, 12, 16, 32, 64)
 PREFILL_ROWS = (128, 384)   # prompt lengths at which a prefill through the C layer and through torch's step are timed
 PREFILL_ROUNDS = 1          # (where they differ, by a third or more: one pass after the warm-up)
 # how the cached curve was made (each size timed after a verify of its own size, the median of 3, fitted never to
