@@ -246,6 +246,14 @@ def test_each_size_is_timed_after_a_verify_of_its_own_size(one_thread, monkeypat
     assert max(curve.measured) < 0.02                     # none timed right after another size
 
 
+def test_the_curve_measures_both_sides_of_every_row_count_where_a_kernel_may_switch():
+    """A kernel chosen up to r rows serves r and not r + 1: the curve measures both, so no straight line of it bridges
+    the switch (9 rows took 12.6 ms where a line from 8 to 12 said 7.9, EPYC Zen 5)."""
+    from dart_core.setup.calibration import CURVE_ROWS, GREEDY_COPY_ROWS, Q4_1_ROWS, READING_ROWS
+    switches = {r for r in GREEDY_COPY_ROWS + Q4_1_ROWS + READING_ROWS if r < CURVE_ROWS[-1]}
+    assert all(r in CURVE_ROWS and r + 1 in CURVE_ROWS for r in switches)
+
+
 def test_the_monotone_fit_is_the_least_squares_isotonic_regression():
     from scipy.optimize import isotonic_regression     # the reference (a test dependency; the engine has its own)
     rng = np.random.default_rng(0)
