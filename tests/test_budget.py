@@ -107,18 +107,25 @@ def test_the_branch_length_is_chosen_with_the_budget():
         assert choice.expected_tokens_per_s == pytest.approx(max(rates.values())) or choice.budget == 0
 
 
-def test_the_choice_follows_the_cost_curve():
+def settled_on_right_chains(curve: CostCurve) -> AutoBudget:
+    """An automatic budget on `curve` that has settled three steps whose draft's argmax chain the target took
+    (drafting 2 ms a step)."""
     rng = np.random.default_rng(1)
     rows_tokens, rows_probs = random_rows(rng)
-    target = [int(t) for t in rows_tokens[:, 0]]                      # the draft's argmax chain is right
+    target = [int(t) for t in rows_tokens[:, 0]]
     context = [1, 2]
     cfg = SearchConfig(topk=6, beam_width=4, node_budget=60)
+    auto = AutoBudget(curve, start=8, max_budget=40)
+    for _ in range(3):
+        auto.remember(context, search(rows_tokens, rows_probs, context, cfg).candidates, [], 0.002)
+        auto.budget_for(context + target)
+    return auto
+
+
+def test_the_choice_follows_the_cost_curve():
     choices = {}
     for name, curve in (("flat", FLAT), ("steep", STEEP)):
-        auto = AutoBudget(curve, start=8, max_budget=40)
-        for _ in range(3):
-            auto.remember(context, search(rows_tokens, rows_probs, context, cfg).candidates, [], 0.002)
-            auto.budget_for(context + target)
+        auto = settled_on_right_chains(curve)
         choice = choices[name] = auto.best()
         # the choice is the best rate over every budget, by brute force on the same numbers; budget 0 is plain
         # decoding (one token per one-token forward, no drafting), taken only when it wins by PLAIN_MARGIN
@@ -283,17 +290,9 @@ def test_each_choice_weighs_the_curve_as_the_runs_verifies_measure_it():
 
 
 def test_a_tree_the_curve_calls_dear_is_chosen_where_the_runs_verifies_find_it_cheap():
-    rng = np.random.default_rng(1)
-    rows_tokens, rows_probs = random_rows(rng)
-    target = [int(t) for t in rows_tokens[:, 0]]                      # the draft's argmax chain is right
-    context = [1, 2]
-    cfg = SearchConfig(topk=6, beam_width=4, node_budget=60)
     choices = {}
     for measured in (False, True):
-        auto = AutoBudget(STEEP, start=8, max_budget=40)
-        for _ in range(3):
-            auto.remember(context, search(rows_tokens, rows_probs, context, cfg).candidates, [], 0.002)
-            auto.budget_for(context + target)
+        auto = settled_on_right_chains(STEEP)
         for size in (1, 64) if measured else ():                        # verifies of 64 cost about one of 1 here
             for _ in range(MIN_VERIFIES):
                 auto.observe_verify(size, 0.01 if size == 1 else 0.011)
