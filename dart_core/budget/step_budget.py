@@ -36,8 +36,12 @@ class BudgetChoice:
         return (f"{self.expected_tokens:.2f} tokens per step expected, {self.expected_tokens_per_s:.1f} tok/s, "
                 f"from {self.steps_seen} steps")
 
+    def _estimates(self) -> dict:
+        """Every field but the curve, rounded as the file keeps it."""
+        return {f.name: _rounded(getattr(self, f.name)) for f in fields(self) if f.name != "curve"}
+
     def to_dict(self) -> dict:
-        d = {f.name: _rounded(getattr(self, f.name)) for f in fields(self) if f.name != "curve"}
+        d = self._estimates()
         if self.curve is not None:
             d["curve"] = self.curve.to_dict()
         return d
@@ -55,9 +59,7 @@ class BudgetChoice:
     def recorded(self) -> "BudgetChoice":
         """The choice as a step records it (its estimates rounded as the file keeps them): what from_dict(to_dict())
         gives, made directly (the automatic budget makes one every few steps)."""
-        d = self.to_dict()
-        d.pop("curve", None)
-        return BudgetChoice(**d, curve=None if self.curve is None else self.curve.recorded())
+        return BudgetChoice(**self._estimates(), curve=None if self.curve is None else self.curve.recorded())
 
 
 def _rounded(v):
