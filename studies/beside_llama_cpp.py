@@ -79,14 +79,17 @@ def ours(prompts: dict, methods: list[str], dtype: str, limit: int) -> dict:
     import torch
 
     from dart_core.decoding import GenerationConfig, run
+    from dart_core.setup.defaults import default_search_config
     from dart_core.setup.loading import DraftSettings, load
     loaded = load("default", dtype=dtype)
+    # the automatic budget from where the command line starts it (a CPU's 8 nodes, not the reference's 60)
+    settings = DraftSettings(default_search_config(loaded.target.device.type), auto_budget=True)
     config = GenerationConfig(max_new_tokens=limit, stop_ids=frozenset(prompts["stops"]))
     results = {"forward": loaded.target.forward_kind}
     for method in methods:
         outs, tokens, seconds = [], 0, 0.0
         decode = _generate(loaded.target.model, prompts["stops"], limit) if method == "hf_generate" else \
-            _ours(loaded.target, loaded.proposer(method, DraftSettings(auto_budget=True)), config, run)
+            _ours(loaded.target, loaded.proposer(method, settings), config, run)
         decode(prompts["prompts"][0][:8])                     # warm-up: kernels, caches, the budget's curve
         for ids in prompts["prompts"]:
             t0 = time.perf_counter()

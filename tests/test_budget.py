@@ -11,7 +11,7 @@ import pytest
 
 from dart_core.budget import auto as auto_budget
 from dart_core.budget.auto import (CHECK_STEPS, MIN_VERIFIES, PLAIN_MARGIN, PROBE_EVERY, PROBE_EVERY_MAX,
-                                   RECENT_VERIFIES, AutoBudget)
+                                   RECENT_VERIFIES, REMEASURE_SHARE, AutoBudget)
 from dart_core.decoding import GenerationConfig, run
 from dart_core.forensics.misses import lookup_effects
 from dart_core.metrics import Metrics
@@ -19,7 +19,7 @@ from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer
 from dart_core.methods import DART_PLD
 from dart_core.machine.records import CostCurve, MachineRecord
-from dart_core.setup.calibration import measure_cost_curve, monotone_fit
+from dart_core.setup.calibration import measure_cost_curve, measuring_seconds, monotone_fit
 from dart_core.setup.defaults import LOOKUP_LONGEST, LOOKUP_TOKENS
 from dart_core.setup import loading
 from dart_core.setup.loading import DraftSettings, Loaded
@@ -316,6 +316,28 @@ def test_a_curve_the_run_disagrees_with_is_measured_again_then_scaled():
     last = [auto.observe_verify(4, 0.04) for _ in range(CHECK_STEPS)][-1]   # still 2x: measured once, then scaled
     assert calls == [1] and last.action == "scaled" and auto.curve.time(4) == pytest.approx(0.04)
     assert [auto.observe_verify(4, 0.04) for _ in range(CHECK_STEPS)] == [None] * CHECK_STEPS   # agrees now
+
+
+def test_the_curve_is_measured_again_only_where_that_costs_a_small_share_of_the_run():
+    calls = []
+
+    def remeasure():
+        calls.append(1)
+        return CostCurve((1, 64), (0.04, 0.04))
+    # measuring costs 1 s on the machine the curve describes, 4 s on one 4x slower, 16 s on one 16x slower: at most
+    # REMEASURE_SHARE of the run's verify time
+    auto = AutoBudget(CostCurve((1, 64), (0.01, 0.01)), start=8, remeasure=remeasure, remeasure_seconds=1.0)
+    early = [auto.observe_verify(4, 0.04) for _ in range(CHECK_STEPS)][-1]   # 4x after 0.32 s of verifies
+    assert early.action == "scaled" and not calls and auto.curve.time(4) == pytest.approx(0.04)
+    settled = 16.0 / REMEASURE_SHARE / 0.04                                  # verifies that make 16 s a small share
+    assert all(auto.observe_verify(4, 0.04) is None for _ in range(int(settled)))
+    late = [auto.observe_verify(4, 0.16) for _ in range(CHECK_STEPS)][-1]    # 4x again, after 320 s of verifies
+    assert late.action == "re-measured" and calls == [1] and auto.curve.time(4) == pytest.approx(0.04)
+
+
+def test_measuring_the_curve_costs_two_verifies_of_each_size_a_pass():
+    curve = CostCurve((1, 2, 4), (0.01, 0.02, 0.03))
+    assert measuring_seconds(curve, rounds=3) == pytest.approx(2 * 4 * 0.06)
 
 
 def test_decoding_corrects_a_wrong_curve_and_stays_lossless():

@@ -21,7 +21,10 @@ locked choices in: dart_pld ran 0.84x our plain lane on the full sets, 0.97x wit
 The curve is also checked against the run as a whole: every CHECK_STEPS verify steps, the median of measured / predicted
 verify time. Where it is off by more than CURVE_TOLERANCE either way (a curve measured while another job held the
 cores, a machine that changed), the curve is measured again (once: `remeasure`, which also replaces the cached one),
-and if it still disagrees, scaled by what the run measured.
+and if it still disagrees, scaled by what the run measured. A measurement costs many verifies of every size (11-14 s
+on a 2-core AVX2 EPYC, where a busy neighbour slows a run by half for a few dozen steps at a time): it is made only
+where it would cost at most REMEASURE_SHARE of the verify time the run has spent so far, and the curve is scaled
+instead until then (docs/cpu-speed.md, section 25).
 
 Where no budget beats plain decoding (1 token per t(1), no drafting at all), the choice is budget 0: the proposer
 then skips the draft head and the search, so DART costs what plain decoding costs, except for probe steps that keep
@@ -57,6 +60,7 @@ PROBE_EVERY_MAX = 64     # twice as many after each probe that chose plain decod
 PLAIN_MARGIN = 1.1
 CHECK_STEPS = 8          # verify steps whose measured times are held against the curve at once (their median)
 CURVE_TOLERANCE = 1.5    # measured / predicted beyond this (or below its inverse): the curve disagrees with the run
+REMEASURE_SHARE = 0.05   # a mid-run measurement of the curve may cost at most this share of the run's verify time
 RECENT_VERIFIES = 32     # the latest verifies whose times correct the curve
 MIN_VERIFIES = 3         # a size's own times stand in for the curve's where the latest verifies hold this many
 
@@ -80,12 +84,17 @@ class AutoBudget:
     up at its longest."""
 
     def __init__(self, curve: CostCurve, start: int, max_budget: int = MAX_BUDGET, remeasure=None,
-                 rechoose_every: int = RECHOOSE_EVERY):
+                 remeasure_seconds: float | None = None, rechoose_every: int = RECHOOSE_EVERY):
         """remeasure: a function that measures the cost curve again (None: a disagreeing curve is only scaled);
-        rechoose_every: verify steps between two choices (studies/rechoose.py weighs it against one choice a run)."""
+        remeasure_seconds: what it costs on the machine `curve` describes (in proportion to the curve's times, as the
+        run corrects them; None: made whatever it costs); rechoose_every: verify steps between two choices
+        (studies/rechoose.py weighs it against one choice a run)."""
         self.curve, self.start, self.max_budget = curve, int(start), int(max_budget)
         self.rechoose_every = int(rechoose_every)
         self.remeasure, self._ratios = remeasure, []
+        # a measurement's seconds per second of the curve's times (None: no limit on its cost)
+        self._measuring_share = None if remeasure_seconds is None else remeasure_seconds / sum(curve.seconds)
+        self.verified_seconds = 0.0                      # the run's verify time so far
         self._verifies: deque = deque(maxlen=RECENT_VERIFIES)   # the run's latest verifies: (tokens, seconds)
         self.choice_curve = curve                        # the curve as the run measures it, at the last choice
         # seconds spent re-measuring the curve mid-run: machine calibration, not decoding (the bench reports it apart)
@@ -150,13 +159,14 @@ class AutoBudget:
         """A verify of `tokens` tokens took `seconds`. Every CHECK_STEPS of them, the curve is checked; returns what
         was done when it disagreed, else None."""
         self._verifies.append((int(tokens), seconds))
+        self.verified_seconds += seconds
         self._ratios.append(seconds / self.curve.time(tokens))
         if len(self._ratios) < CHECK_STEPS:
             return None
         ratio, self._ratios = float(np.median(self._ratios)), []
         if 1 / CURVE_TOLERANCE <= ratio <= CURVE_TOLERANCE:
             return None
-        if self.remeasure is not None:
+        if self.remeasure is not None and self._remeasure_pays(ratio):
             t0 = time.perf_counter()
             self.curve, self.remeasure, action = self.remeasure(), None, "re-measured"
             self.calibration_seconds += time.perf_counter() - t0
@@ -164,6 +174,13 @@ class AutoBudget:
             self.curve, action = self.curve.scaled(ratio), "scaled"
         self.choice = None            # choose again at the next step, on the new curve
         return CurveFix(round(ratio, 3), action, self.curve.recorded())   # as the step records it
+
+    def _remeasure_pays(self, ratio: float) -> bool:
+        """Whether measuring the curve again now costs at most REMEASURE_SHARE of the run's verify time so far."""
+        if self._measuring_share is None:
+            return True
+        cost = self._measuring_share * ratio * sum(self.curve.seconds)   # on the machine as the run measures it
+        return cost <= REMEASURE_SHARE * self.verified_seconds
 
     def run_curve(self) -> CostCurve:
         """The cost curve as this run's latest verifies measure it: at each size among them often enough, the median

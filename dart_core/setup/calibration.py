@@ -167,6 +167,12 @@ def _verify_times(target: TargetModel, rows: tuple[int, ...], context: int, roun
     return context, {name: [float(np.median(t)) for t in ts] for name, ts in times.items()}
 
 
+def measuring_seconds(curve: CostCurve, rounds: int = CURVE_ROUNDS) -> float:
+    """About what measure_cost_curve takes on the machine `curve` describes: two verifies of every size (one untimed)
+    in each of its passes."""
+    return 2 * (rounds + 1) * sum(curve.seconds)
+
+
 def cost_curve(target: TargetModel, model_name: str, recalibrate: bool = False) -> CostCurve:
     """t(k) for the loaded model on this machine (measured with the kernels in use)."""
     kernels = json.dumps(target.fast_linears.plan.to_dict()["choices"], sort_keys=True) \

@@ -30,7 +30,7 @@ from ..target import TargetModel
 from ..trace import RunSettings, Trace
 from ..tree_search import SearchConfig
 from .calibration import (cost_curve, draft_kernel_choice, greedy_copy_choice, kernel_plan, machine_record,
-                          prefill_choice, q4_1_choice, reading_choice)
+                          measuring_seconds, prefill_choice, q4_1_choice, reading_choice)
 from .dtype_choice import AUTO, FAST, DtypeChoice, choose_cpu_dtype, choose_gpu_dtype, lossless_choice
 from .defaults import DEFAULT_HEAD, END_OF_TURN, LOOKUP_LONGEST, LOOKUP_TOKENS, PLD_NGRAM, PLD_TOKENS
 from .hub import fetch, is_hub_id
@@ -199,10 +199,10 @@ def looked_up_tokens(method: str, lookup_tokens: int | None, auto: bool) -> int 
 def auto_budget(target: TargetModel, model_name: str, settings: DraftSettings, recalibrate: bool = False) -> AutoBudget:
     """A node budget chosen as the run goes, on this machine's measured verify cost curve (measured once, cached;
     measured again if the run's own verify times disagree with it), starting from search.node_budget."""
-    return AutoBudget(cost_curve(target, model_name, recalibrate), start=settings.search.node_budget,
-                      max_budget=max_budget_for(target.device.type),
+    curve = cost_curve(target, model_name, recalibrate)
+    return AutoBudget(curve, start=settings.search.node_budget, max_budget=max_budget_for(target.device.type),
                       remeasure=lambda: cost_curve(target, model_name, recalibrate=True),
-                      rechoose_every=settings.rechoose_every)
+                      remeasure_seconds=measuring_seconds(curve), rechoose_every=settings.rechoose_every)
 
 
 @dataclass
