@@ -124,8 +124,11 @@ def test_a_step_trains_the_same_weights_whatever_the_sequences_per_forward(data,
         stats.append([trainer._train_step(lambda i: seqs[3 + i % 11]) for _ in range(2)])
         heads.append(trainer.head)
         assert trainer.sequences_seen == 8
+    # Adam moves a weight by up to lr a step whatever its gradient's size, so a gradient near zero turns the two ways'
+    # last-bit differences (their products blocked differently) into a few millionths (6e-6 once on an AVX2 EPYC);
+    # a batch that mixed or dropped a sequence moves weights by a good part of lr
     for (name, a), b in zip(heads[0].named_parameters(), heads[1].parameters()):
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
+        assert torch.allclose(a, b, rtol=1e-4, atol=cfg.lr * 1e-2), name
     for one, many in zip(*stats):
         assert one["tokens"] == many["tokens"] > 0 and one["row0"] == many["row0"]
         assert one["loss"] == pytest.approx(many["loss"], rel=1e-5)
