@@ -243,7 +243,6 @@ class DartProposer(Proposer):
                 self._unread = new_features if self._unread is None else torch.cat([self._unread, new_features])
                 return Proposal(TokenTree([context[-1]], [-1]), budget=budget)
             config = replace(config, node_budget=chosen)
-        probe = self.auto_budget is not None and self.auto_budget.probing
         if self._unread is not None:
             new_features, self._unread = torch.cat([self._unread, new_features]), None
         if hasattr(self.ngram, "observe"):
@@ -261,7 +260,5 @@ class DartProposer(Proposer):
         t2 = time.perf_counter()
         if self.auto_budget is not None:
             self.auto_budget.remember(context, CandidatePool.of_search(result), branch, t2 - t0)
-        if probe:   # the pool is what the budget learns from; its tree would cost more than it yields: verified plainly
-            return Proposal(TokenTree([context[-1]], [-1]), budget=budget)
         return Proposal(tree, rows_tokens, rows_probs, result.recorded if self.record_candidates else None,
                         lookup_nodes, t2 - t1, budget or StepBudget(config.node_budget))

@@ -188,10 +188,6 @@ def test_where_drafting_does_not_pay_dart_decodes_plainly_and_keeps_probing(monk
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert len(probes) >= 6 and gaps == [min(PROBE_EVERY * 2**i, PROBE_EVERY_MAX) for i in range(len(gaps))]
     assert [i for i, n in enumerate(nodes) if n > 0 and i > plain[0]] == [i for i in probes if i > plain[0]]
-    # a probe drafts and searches (its pool is learnt from) but verifies plainly: its tree would not pay
-    assert all(len(trace.steps[1 + i].tree) == 1 for i in probes)
-    learnt = dart.auto_budget.steps
-    assert learnt >= len(probes) + len([i for i in range(len(nodes)) if i < plain[0]]) - 2
     choice = trace.steps[-1].budget.choice
     assert choice.budget == 0 and choice.best_drafting > 0
     assert choice.start_tokens_per_s < choice.plain_tokens_per_s == choice.expected_tokens_per_s

@@ -29,10 +29,8 @@ instead until then (docs/cpu-speed.md, section 25).
 Where no budget beats plain decoding (1 token per t(1), no drafting at all), the choice is budget 0: the proposer
 then skips the draft head and the search, so DART costs what plain decoding costs, except for probe steps that keep
 measuring whether drafting pays again: PROBE_EVERY steps after plain decoding is chosen, and each time it is chosen
-again, twice as many steps later (up to PROBE_EVERY_MAX; a new prompt starts again from PROBE_EVERY). A probe drafts
-and searches, and its pool is learnt from once the target's continuation is known, as every drafted step's is; its
-tree is not verified (the choice says it costs more than it yields): a probe costs the head's catching up and the
-search (docs/cpu-speed.md, sections 24-25).
+again, twice as many steps later (up to PROBE_EVERY_MAX; a new prompt starts again from PROBE_EVERY). A probe costs
+the head's catching up and a tree that did not pay (docs/cpu-speed.md, section 24).
 """
 
 from __future__ import annotations
@@ -145,11 +143,6 @@ class AutoBudget:
                 self._probe_every = min(2 * self._probe_every, PROBE_EVERY_MAX) if was_plain else PROBE_EVERY
                 return self.choice.best_drafting   # the first plain step is a probe: measuring goes on
         return self.budget
-
-    @property
-    def probing(self) -> bool:
-        """Whether the step budget_for just gave a budget to is a probe (drafted while plain decoding is chosen)."""
-        return self.budget == 0
 
     def remember(self, context: list[int], pool: CandidatePool | Candidates | None, branch: list[int],
                  seconds: float) -> None:
