@@ -327,7 +327,8 @@ def test_the_curve_is_measured_again_only_where_that_costs_a_small_share_of_the_
         return CostCurve((1, 64), (0.04, 0.04))
     # measuring costs 1 s on the machine the curve describes, 4 s on one 4x slower, 16 s on one 16x slower: at most
     # REMEASURE_SHARE of the run's verify time
-    auto = AutoBudget(CostCurve((1, 64), (0.01, 0.01)), start=8, remeasure=remeasure, remeasure_seconds=1.0)
+    auto = AutoBudget(CostCurve((1, 64), (0.01, 0.01)), start=8, remeasure=remeasure,
+                      remeasure_cost=lambda curve: 50 * sum(curve.seconds))
     early = [auto.observe_verify(4, 0.04) for _ in range(CHECK_STEPS)][-1]   # 4x after 0.32 s of verifies
     assert early.action == "scaled" and not calls and auto.curve.time(4) == pytest.approx(0.04)
     settled = 16.0 / REMEASURE_SHARE / 0.04                                  # verifies that make 16 s a small share

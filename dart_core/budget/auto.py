@@ -84,16 +84,13 @@ class AutoBudget:
     up at its longest."""
 
     def __init__(self, curve: CostCurve, start: int, max_budget: int = MAX_BUDGET, remeasure=None,
-                 remeasure_seconds: float | None = None, rechoose_every: int = RECHOOSE_EVERY):
+                 remeasure_cost=None, rechoose_every: int = RECHOOSE_EVERY):
         """remeasure: a function that measures the cost curve again (None: a disagreeing curve is only scaled);
-        remeasure_seconds: what it costs on the machine `curve` describes (in proportion to the curve's times, as the
-        run corrects them; None: made whatever it costs); rechoose_every: verify steps between two choices
-        (studies/rechoose.py weighs it against one choice a run)."""
+        remeasure_cost: the seconds that takes on the machine a given curve describes (None: made whatever it costs);
+        rechoose_every: verify steps between two choices (studies/rechoose.py weighs it against one choice a run)."""
         self.curve, self.start, self.max_budget = curve, int(start), int(max_budget)
         self.rechoose_every = int(rechoose_every)
-        self.remeasure, self._ratios = remeasure, []
-        # a measurement's seconds per second of the curve's times (None: no limit on its cost)
-        self._measuring_share = None if remeasure_seconds is None else remeasure_seconds / sum(curve.seconds)
+        self.remeasure, self.remeasure_cost, self._ratios = remeasure, remeasure_cost, []
         self.verified_seconds = 0.0                      # the run's verify time so far
         self._verifies: deque = deque(maxlen=RECENT_VERIFIES)   # the run's latest verifies: (tokens, seconds)
         self.choice_curve = curve                        # the curve as the run measures it, at the last choice
@@ -177,9 +174,9 @@ class AutoBudget:
 
     def _remeasure_pays(self, ratio: float) -> bool:
         """Whether measuring the curve again now costs at most REMEASURE_SHARE of the run's verify time so far."""
-        if self._measuring_share is None:
+        if self.remeasure_cost is None:
             return True
-        cost = self._measuring_share * ratio * sum(self.curve.seconds)   # on the machine as the run measures it
+        cost = ratio * self.remeasure_cost(self.curve)   # on the machine as the run measures it
         return cost <= REMEASURE_SHARE * self.verified_seconds
 
     def run_curve(self) -> CostCurve:

@@ -199,10 +199,10 @@ def looked_up_tokens(method: str, lookup_tokens: int | None, auto: bool) -> int 
 def auto_budget(target: TargetModel, model_name: str, settings: DraftSettings, recalibrate: bool = False) -> AutoBudget:
     """A node budget chosen as the run goes, on this machine's measured verify cost curve (measured once, cached;
     measured again if the run's own verify times disagree with it), starting from search.node_budget."""
-    curve = cost_curve(target, model_name, recalibrate)
-    return AutoBudget(curve, start=settings.search.node_budget, max_budget=max_budget_for(target.device.type),
+    return AutoBudget(cost_curve(target, model_name, recalibrate), start=settings.search.node_budget,
+                      max_budget=max_budget_for(target.device.type),
                       remeasure=lambda: cost_curve(target, model_name, recalibrate=True),
-                      remeasure_seconds=measuring_seconds(curve), rechoose_every=settings.rechoose_every)
+                      remeasure_cost=measuring_seconds, rechoose_every=settings.rechoose_every)
 
 
 @dataclass
