@@ -106,7 +106,7 @@ def test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count(
         return
     gen = torch.Generator().manual_seed(0)
     weight, b = torch.randn(200, 150, generator=gen), torch.randn(200, generator=gen)
-    x = torch.randn(21, 150, generator=gen)    # three passes of rows, over spans of inputs (the last a short one)
+    x = torch.randn(21, 150, generator=gen)    # several passes of rows, over spans of inputs (the last a short one)
     for dtype in few_rows.WEIGHT_KINDS:
         w = kernel.pack(weight, dtype)
         together = kernel.linear(x, w, b)

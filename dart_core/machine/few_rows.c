@@ -65,7 +65,7 @@ static inline vf load_i8(const signed char *p) {
 #endif
 }
 
-#define PASS_ROWS 8   /* rows per pass over a weight's blocks: more rows take more passes */
+#define PASS_ROWS 8   /* the most rows one pass over a weight's blocks sums: more rows take several passes */
 /* Blocks done together: as many as the registers hold with M accumulators each. */
 #define NB_MAX(M) ((REGS - 1) / ((M) + 1))
 /* Blocks of VW outputs side by side in the packed weight, a group: 3, as many as a pass of PASS_ROWS rows does
@@ -78,6 +78,11 @@ static inline vf load_i8(const signed char *p) {
 #define GROUP 3
 #define W (GROUP * VW)
 #define NB_FOR(M) (NB_MAX(M) > GROUP ? GROUP : (NB_MAX(M) < 1 ? 1 : NB_MAX(M)))
+/* Rows a pass sums where several passes share the blocks: as many as sum a whole group at a time. With AVX2's 16
+   registers, passes of 4 rows (4 x 3 sums) rather than 8 (8 x 1, a load for every 8 FMAs besides the rows' 8): on an
+   EPYC Zen 3, 9-64 rows of a 576 x 192 weight in L2, 37-59 -> 59-97 GFLOP/s in fp32 and 47-62 -> 60-81 at 9-12 rows
+   from Q4_1 blocks (docs/cpu-speed.md, section 26). */
+#define SHARED_ROWS (NB_MAX(PASS_ROWS) >= GROUP ? PASS_ROWS : 4)
 /* Passes of more rows go over a block set SPAN inputs at a time: the first pass reads the span's weights from memory,
    the others from L1, so memory stays busy (whole blocks per pass left it idle in every pass but the first: on the
    AMX Xeon 16 rows took 1.6x one row, at most 1.1x with spans). */
@@ -126,10 +131,10 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
         SUMS_FROM(M, NB)                                                                                      \
         const __typeof__(*w) *wb = w + blk / GROUP * K * W + blk % GROUP * VW;                                \
         long turn = pass * SPAN, due = turn % passes;   /* several passes: a prefetch every passes-th turn */ \
+        long next = k0 + SPAN + (turn + due) / passes;   /* its input (counted: a division here cost 1.1-1.8x) */ \
         for (long k = k0; k < k1; k++, turn++) {                                                              \
             vf wv[NB];                                                                                        \
-            long ahead = passes > 1 ? (due == 0 ? k0 + SPAN + turn / passes : -1)                             \
-                                    : M >= prefetch_rows ? k + PREFETCH : -1;                                 \
+            long ahead = passes > 1 ? (due == 0 ? next++ : -1) : M >= prefetch_rows ? k + PREFETCH : -1;      \
             due = due == 0 ? passes - 1 : due - 1;                                                            \
             _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) {                                            \
                 if (ahead >= 0) __builtin_prefetch(wb + ahead * ks + j * VW, 0, 3);                           \
@@ -143,14 +148,14 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
         SUMS_KEPT_OR_STORED(M, NB)                                                                            \
     }
 
-/* One unit of M rows (M <= PASS_ROWS) on nb blocks: NB_FOR(M) (the most M rows take), NB_FOR(PASS_ROWS) (every pass's
-   when several share the blocks) or 1 (the few left at a group's end). */
+/* One unit of M rows (M <= PASS_ROWS) on nb blocks: NB_FOR(M) (the most M rows take), NB_FOR(SHARED_ROWS) (every
+   pass's when several share the blocks) or 1 (the few left at a group's end). */
 #define ROWS(M, WT, NAME, LOAD)                                                                               \
     static void NAME##_##M(const float *restrict x, const WT *restrict w, const float *restrict b,            \
                            const float *restrict s, float *restrict y, long K, long N, long ks, long blk,     \
                            int nb, long k0, long k1, vf *restrict part, long pass, long passes) {             \
         if (nb == NB_FOR(M)) UNIT(M, NB_FOR(M), LOAD)                                                         \
-        else if (nb == NB_FOR(PASS_ROWS)) UNIT(M, NB_FOR(PASS_ROWS), LOAD)                                    \
+        else if (nb == NB_FOR(SHARED_ROWS)) UNIT(M, NB_FOR(SHARED_ROWS), LOAD)                                \
         else UNIT(M, 1, LOAD)                                                                                 \
     }
 #define ALL_ROWS(WT, NAME, LOAD)                                                                              \
@@ -258,7 +263,7 @@ static inline void q4_weights(const unsigned char *q, vf d, vf m, vf *w0, vf *w1
                             int nb, long k0, long k1, vf *restrict part, long pass, long passes) {            \
         (void)ks;                                                                                             \
         if (nb == NB_FOR(M)) UNIT_Q4(M, NB_FOR(M))                                                            \
-        else if (nb == NB_FOR(PASS_ROWS)) UNIT_Q4(M, NB_FOR(PASS_ROWS))                                       \
+        else if (nb == NB_FOR(SHARED_ROWS)) UNIT_Q4(M, NB_FOR(SHARED_ROWS))                                   \
         else UNIT_Q4(M, 1)                                                                                    \
     }
 ROWS_Q4(1) ROWS_Q4(2) ROWS_Q4(3) ROWS_Q4(4) ROWS_Q4(5) ROWS_Q4(6) ROWS_Q4(7) ROWS_Q4(8)
@@ -355,12 +360,12 @@ int few_rows_q4_1_pack(const float *w, long N, long K, unsigned char *out) {
    set once; more rows go over it a span at a time, every pass per span, each pass's sums kept in `part` between
    spans. */
 #define LINEAR(BY_ROWS)                                                                                       \
-    long blocks = (N + VW - 1) / VW, passes = (M + PASS_ROWS - 1) / PASS_ROWS;                                \
+    long blocks = (N + VW - 1) / VW, passes = M <= PASS_ROWS ? 1 : (M + SHARED_ROWS - 1) / SHARED_ROWS;       \
     _Pragma("omp parallel num_threads(threads)") {                                                            \
         int t = 0, T = 1;                                                                                     \
         THREAD_IDS(t, T)                                                                                      \
-        vf part[passes > 1 ? passes * PASS_ROWS * NB_FOR(PASS_ROWS) : 1];                                     \
-        int full = passes > 1 ? NB_FOR(PASS_ROWS) : NB_FOR(M);                                            \
+        vf part[passes > 1 ? passes * SHARED_ROWS * NB_FOR(SHARED_ROWS) : 1];                                 \
+        int full = passes > 1 ? NB_FOR(SHARED_ROWS) : NB_FOR(M);                                              \
         long span = passes > 1 ? SPAN : K;                                                                    \
         SHARE(blocks, t, T, lo, hi)                                                                           \
         for (long blk = lo; blk < hi;) {                                                                      \
@@ -369,9 +374,10 @@ int few_rows_q4_1_pack(const float *w, long N, long K, unsigned char *out) {
             for (long k0 = 0; k0 < K; k0 += span) {                                                           \
                 long k1 = k0 + span < K ? k0 + span : K;                                                      \
                 for (long p = 0; p < passes; p++) {                                                           \
-                    long m0 = p * PASS_ROWS, rows = M - m0 < PASS_ROWS ? M - m0 : PASS_ROWS;                  \
+                    long m0 = p * SHARED_ROWS, rows = passes == 1 ? M                                         \
+                                                  : M - m0 < SHARED_ROWS ? M - m0 : SHARED_ROWS;              \
                     BY_ROWS[rows](x + m0 * K, w, b, s, y + m0 * N, K, N, W, blk, nb, k0, k1,                  \
-                                  part + p * PASS_ROWS * NB_FOR(PASS_ROWS), p, passes);                       \
+                                  part + p * SHARED_ROWS * NB_FOR(SHARED_ROWS), p, passes);                   \
                 }                                                                                             \
             }                                                                                                 \
             blk += nb;                                                                                        \
