@@ -79,9 +79,9 @@ static inline vf load_i8(const signed char *p) {
 #define W (GROUP * VW)
 #define NB_FOR(M) (NB_MAX(M) > GROUP ? GROUP : (NB_MAX(M) < 1 ? 1 : NB_MAX(M)))
 /* Rows a pass sums where several passes share the blocks: as many as sum a whole group at a time. With AVX2's 16
-   registers, passes of 4 rows (4 x 3 sums) rather than 8 (8 x 1, a load for every 8 FMAs besides the rows' 8): on an
-   EPYC Zen 3, 9-64 rows of a 576 x 192 weight in L2, 37-59 -> 59-97 GFLOP/s in fp32 and 47-62 -> 60-81 at 9-12 rows
-   from Q4_1 blocks (docs/cpu-speed.md, section 26). */
+   registers, passes of 4 rows (4 x 3 sums) rather than 8 (8 x 1, a weight load for every 8 FMAs besides the rows'
+   8 broadcasts): on an EPYC Zen 3, the default model's verifies of 9 / 16 / 64 rows 58-65 / 72-81 / 314-320 ->
+   32-47 / 46-64 / 207-252 ms, with the loop below counting instead of dividing (docs/cpu-speed.md, section 26). */
 #define SHARED_ROWS (NB_MAX(PASS_ROWS) >= GROUP ? PASS_ROWS : 4)
 /* Passes of more rows go over a block set SPAN inputs at a time: the first pass reads the span's weights from memory,
    the others from L1, so memory stays busy (whole blocks per pass left it idle in every pass but the first: on the
@@ -131,7 +131,7 @@ static inline void store(float *restrict y, vf v, long n, long N, const float *r
         SUMS_FROM(M, NB)                                                                                      \
         const __typeof__(*w) *wb = w + blk / GROUP * K * W + blk % GROUP * VW;                                \
         long turn = pass * SPAN, due = turn % passes;   /* several passes: a prefetch every passes-th turn */ \
-        long next = k0 + SPAN + (turn + due) / passes;   /* its input (counted: a division here cost 1.1-1.8x) */ \
+        long next = k0 + SPAN + (turn + due) / passes;   /* its input (counted: dividing here cost 1.1-1.6x) */ \
         for (long k = k0; k < k1; k++, turn++) {                                                              \
             vf wv[NB];                                                                                        \
             long ahead = passes > 1 ? (due == 0 ? next++ : -1) : M >= prefetch_rows ? k + PREFETCH : -1;      \
