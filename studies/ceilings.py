@@ -101,6 +101,7 @@ def main(argv=None) -> int:
     print(f"the decoder's linears: {size / 1e6:.0f} MB, {flops_per_row / 1e6:.0f} MFLOP a row, {threads} threads, "
           f"{'huge' if huge_pages.in_use() else 'small'} pages")
     print(f"read by plain loads: {read:.2f} ms ({size / read / 1e6:.1f} GB/s)")
+    block_mb = sum(b.blocks.nbytes for b in blocks) / 1e6 if blocks is not None else 0.0
     for r in rows:
         inputs = [torch.randn(r, lin.in_features) for lin in linears]
         for name, reading in READING_WAYS.items():
@@ -109,10 +110,9 @@ def main(argv=None) -> int:
             reading.apply(kernel)
             ms = products_ms(kernel, packed, inputs, args.rounds)
             print(f"our products, {r:3d} rows, {name:>10}: {ms:6.2f} ms ({read / ms:.0%} of the read's speed)")
-        if blocks is not None:
-            ms = products_ms(kernel, blocks, inputs, args.rounds)
-            print(f"our products, {r:3d} rows, Q4_1 blocks: {ms:6.2f} ms "
-                  f"({sum(b.blocks.nbytes for b in blocks) / 1e6:.0f} MB)")
+            if blocks is not None:
+                ms = products_ms(kernel, blocks, inputs, args.rounds)
+                print(f"our products, {r:3d} rows, {name:>10}, Q4_1 blocks ({block_mb:.0f} MB): {ms:6.2f} ms")
     Reading().apply(kernel)
     weight = linears[0].weight.detach().float()
     rates = {r: warm_gflops(kernel, weight, r) for r in (8, 16, 32)}
