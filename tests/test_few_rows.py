@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from dart_core.machine import few_rows
+from dart_core.machine.cpu_info import cpu_flags
 from dart_core.machine.hardware import detect
 
 from tests.q4_blocks import q4_1_values
@@ -25,6 +26,21 @@ def real_or_why():
     if KERNEL is None:
         assert few_rows.why_not(HERE.kind) and not HERE.few_rows
     return KERNEL
+
+
+# Products of more than 8 rows go in passes of 8 rows with 32 vector registers (AVX-512), of 4 with 16 (AVX2): the
+# AVX2 build passing them 8 at a time runs the other layout on every CPU with AVX2 (few_rows.MARCH)
+BUILDS = ["this machine's", "avx2-passes-of-8"]
+
+
+def built(build: str):
+    if build == "this machine's":
+        return real_or_why()
+    if "avx2" not in cpu_flags():   # its instructions: not on a CPU without AVX2 (nor of another architecture)
+        return None
+    kernel = few_rows.kernel(build)
+    assert kernel is not None or KERNEL is None, few_rows.why_not(build)
+    return kernel
 
 
 def test_wherever_a_c_compiler_is_found_the_kernels_build():
@@ -98,10 +114,11 @@ def test_int8_weights_give_the_product_of_their_scaled_values(out_features, in_f
             assert torch.allclose(kernel.linear(x, ours, bias), expected, atol=1e-4, rtol=1e-4)
 
 
-def test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count():
+@pytest.mark.parametrize("build", BUILDS)
+def test_a_row_gets_the_same_bits_alone_as_among_others_and_on_any_thread_count(build):
     """Each output is summed in one fixed order whatever the rows beside it: a tree's verify reproduces plain
     decoding's products bit for bit."""
-    kernel = real_or_why()
+    kernel = built(build)
     if kernel is None:
         return
     gen = torch.Generator().manual_seed(0)
@@ -256,11 +273,12 @@ def test_the_kernel_shares_torchs_openmp_runtime():
     assert len(runtimes) <= 1, runtimes
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("out_features,in_features", [(1, 32), (47, 64), (100, 96), (257, 576)])
-def test_q4_1_blocks_give_the_bits_of_the_fp32_product(out_features, in_features):
+def test_q4_1_blocks_give_the_bits_of_the_fp32_product(out_features, in_features, build):
     """fp32 weights that are Q4_1 blocks (the default model's decoder), packed and read as those blocks: every output
     the same bits as the fp32 product's, for any rows (one pass, several passes over spans) and with a bias."""
-    kernel = real_or_why()
+    kernel = built(build)
     if kernel is None:
         return
     gen = torch.Generator().manual_seed(out_features)

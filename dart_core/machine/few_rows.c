@@ -81,8 +81,11 @@ static inline vf load_i8(const signed char *p) {
 /* Rows a pass sums where several passes share the blocks: as many as sum a whole group at a time. With AVX2's 16
    registers, passes of 4 rows (4 x 3 sums) rather than 8 (8 x 1, a weight load for every 8 FMAs besides the rows'
    8 broadcasts): on an EPYC Zen 3, the default model's verifies of 9 / 16 / 64 rows 60-64 / 75-88 / 332-345 ->
-   44-49 / 65-70 / 226-259 ms, with the loop below counting instead of dividing (docs/cpu-speed.md, section 26). */
+   44-49 / 65-70 / 226-259 ms, with the loop below counting instead of dividing (docs/cpu-speed.md, section 26). A
+   build may set it: the tests run 32 registers' passes of 8 in an AVX2 build too (few_rows.MARCH). */
+#ifndef SHARED_ROWS
 #define SHARED_ROWS (NB_MAX(PASS_ROWS) >= GROUP ? PASS_ROWS : 4)
+#endif
 /* Passes of more rows go over a block set SPAN inputs at a time: the first pass reads the span's weights from memory,
    the others from L1, so memory stays busy (whole blocks per pass left it idle in every pass but the first: on the
    AMX Xeon 16 rows took 1.6x one row, at most 1.1x with spans). */

@@ -46,7 +46,9 @@ MARCH = {"x86-64": "-march=x86-64", "avx2": "-march=x86-64-v3",
          # not kinds of hardware.CPU_KINDS: the build an AVX2 CPU with AVX-VNNI gets (Intel's client cores since Alder
          # Lake), and the same loop with the instruction written out, for the tests and studies (int8_tiles.c's 256-bit
          # VNNI); a CPU without AVX-VNNI asked for the first gets the second
-         "avx2-vnni": "-march=x86-64-v3 -mavxvnni", "avx2-vnni-stand-in": "-march=x86-64-v3 -DVNNI_256_STAND_IN"}
+         "avx2-vnni": "-march=x86-64-v3 -mavxvnni", "avx2-vnni-stand-in": "-march=x86-64-v3 -DVNNI_256_STAND_IN",
+         # and the AVX2 build passing more than 8 rows 8 at a time, as 32 registers do (AVX-512), for the tests
+         "avx2-passes-of-8": "-march=x86-64-v3 -DSHARED_ROWS=8"}
 # What a build needs of the machine beyond our sources: where this fails too, the toolchain is what is missing.
 PROBE = "#include <math.h>\n#include <string.h>\nfloat probe(float x) { return sqrtf(x) + (float)strlen(\"\"); }\n"
 NO_TOOLCHAIN = "the C compiler here cannot build a shared library"
