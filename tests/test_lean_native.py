@@ -23,8 +23,8 @@ from dart_core.tree_search import SearchConfig
 from tests.q4_blocks import as_q4_1_model
 
 
-def native_target(family: str, seed: int = 2):
-    target = tiny_target(family, seed=seed)
+def native_target(family: str, seed: int = 2, **sizes):
+    target = tiny_target(family, seed=seed, **sizes)
     target.use_lean()
     if target.lean.native is None:    # no C compiler here: the reason is said, and torch's operations decode
         assert few_rows.why_not(target.hardware.kind)
@@ -43,12 +43,16 @@ def plain_logits(target, prompt: list[int], path: list[int]) -> list[torch.Tenso
     return out
 
 
-def test_a_trees_rows_get_plain_decodings_bits():
+@pytest.mark.parametrize("hidden", [64, 128])
+def test_a_trees_rows_get_plain_decodings_bits(hidden):
+    """On several threads and on one. The prompt is long enough that the tree's attention runs on the threads (6 rows
+    by 4 heads over 105 entries; with 40 entries it ran on one thread, and a share lost by the second thread went
+    unseen), plain decoding's one row on one thread; hidden 128 gives heads of 32 columns, summed in two slices on AVX2."""
     for family in ("llama", "qwen2", "qwen3"):
-        target = native_target(family)
+        target = native_target(family, hidden=hidden)
         if target is None:
             return
-        prompt = list(range(3, 40))            # past a single vector of keys
+        prompt = [3 + i * 7 % 90 for i in range(100)]   # keys past many vectors
         # a tree whose node 5 follows the path 0 -> 1 -> 3 -> 5, with siblings in between
         tree = TokenTree([11, 12, 13, 14, 15, 16], [-1, 0, 0, 1, 2, 3])
         path_nodes = [0, 1, 3, 5]
