@@ -83,6 +83,40 @@ def test_cli_unknown_method_is_rejected(capsys):
     assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
+def test_a_conversion_parses_the_gguf_file_once_and_leaves_gguf_as_it_was(tmp_path, monkeypatch):
+    """transformers' GGUF loading parses the file for each of the tokenizer, the config and the weights; within
+    gguf_parsed_once the first parse serves them all (the default model's folder came out byte for byte the same,
+    in 11 s instead of 31 on an AVX2 EPYC)."""
+    import gguf
+    import numpy as np
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from dart_core.setup.models import gguf_parsed_once
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2), writer.add_context_length(16), writer.add_embedding_length(8)
+    writer.add_feed_forward_length(16), writer.add_head_count(2), writer.add_vocab_size(4)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    parses = []
+
+    class Counted(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
+    name_map = gguf.get_tensor_name_map
+    with gguf_parsed_once():
+        configs = [load_gguf_checkpoint(str(path))["config"] for _ in range(3)]
+        assert len(parses) == 1 and configs[0] == configs[2] and configs[0]["num_hidden_layers"] == 2
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+    assert gguf.GGUFReader is Counted and gguf.get_tensor_name_map is name_map
+    load_gguf_checkpoint(str(path))
+    assert len(parses) == 2                       # after it, each load parses the file again
+
+
 def test_missing_packages_say_how_to_install(monkeypatch, tmp_path):
     import importlib.util
 
