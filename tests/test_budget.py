@@ -21,7 +21,7 @@ from dart_core.methods import DART_PLD
 from dart_core.machine.records import CostCurve, MachineRecord
 from dart_core.setup.calibration import measure_cost_curve, measuring_seconds, monotone_fit
 from dart_core.setup.defaults import LOOKUP_LONGEST, LOOKUP_TOKENS
-from dart_core.setup import loading
+from dart_core.setup import calibration, loading
 from dart_core.setup.loading import DraftSettings, Loaded
 from dart_core.trace import RunSettings
 from dart_core.views.figures import cost_figure
@@ -252,6 +252,24 @@ def test_each_size_is_timed_after_a_verify_of_its_own_size(one_thread, monkeypat
     curve = measure_cost_curve(target, rows=(1, 2, 4), context=16, rounds=2)
     assert sizes == [1, 1, 2, 2, 4, 4] * 3                 # a warm-up pass, then 2 timed
     assert max(curve.measured) < 0.02                     # none timed right after another size
+
+
+def test_a_choice_that_ends_at_a_size_times_no_larger_one(one_thread, monkeypatch):
+    """Where a kernel's choice ends at the first size at which it is slower, the sizes are timed one after another,
+    each one's passes alternating the ways, and none past the first size that ends the choice."""
+    target = tiny_target("llama", seed=8)
+    sizes, verify = [], target.verify
+    monkeypatch.setattr(target, "verify", lambda tree, *a, **k: sizes.append(len(tree)) or verify(tree, *a, **k))
+    ways, asked = [], []
+    _, medians = calibration._verify_times(target, (1, 2, 4, 8), 16, 2, {"a": lambda: ways.append("a"),
+                                                                        "b": lambda: ways.append("b")},
+                                           last=lambda t: asked.append(t) or len(asked) == 2)
+    assert sizes == [1] * 12 + [2] * 12                    # 3 passes (a warm-up, 2 timed) of 2 ways, twice a way
+    assert ways == ["a", "b"] * 6 and [sorted(t) for t in asked] == [["a", "b"]] * 2
+    assert {way: len(ts) for way, ts in medians.items()} == {"a": 2, "b": 2} and all(t > 0 for t in medians["a"])
+    sizes.clear()
+    calibration._verify_times(target, (1, 2), 16, 1, {"a": lambda: None}, last=lambda t: False)
+    assert sizes == [1] * 4 + [2] * 4                      # never ended: every size
 
 
 def test_the_curve_measures_both_sides_of_every_row_count_where_a_kernel_may_switch():

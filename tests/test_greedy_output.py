@@ -294,9 +294,13 @@ def test_the_copys_rows_are_measured_and_applied(tmp_path, monkeypatch):
         assert greedy_copy_choice(target) is None   # no C layer: no copy to measure
         return
     native = target.lean.native
-    record = measure_greedy_copy(target, rows=(1, 4), rounds=1)
-    assert record["rows"] == [1, 4] and all(t > 0 for t in record["full"] + record["copy"])
+    record = measure_greedy_copy(target, rows=(1, 4, 8), rounds=1)
+    timed = record["rows"]
+    assert timed == [1, 4, 8][:len(timed)] and all(t > 0 for t in record["full"] + record["copy"])
     assert ("tiles" in record) == (native.greedy.tiles is not None)   # where there are AMX tiles, they are timed too
+    # timed up to the first size at which the copy by its faster way was slower, none past it
+    slower = [min(c, t) > f for f, c, t in zip(record["full"], record["copy"], record.get("tiles", record["copy"]))]
+    assert not any(slower[:-1]) and (slower[-1] or len(timed) == 3)
     assert native.greedy_rows == native.max_rows and native.greedy.tile_rows == 1   # left as it found them
     choice = greedy_copy_choice(target)
     assert choice.rows in (0, 1, 4, 8, 16, 32, 64) and greedy_copy_choice(target) == choice   # read back: the file

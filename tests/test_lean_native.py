@@ -312,8 +312,11 @@ def test_where_the_q4_1_blocks_are_read_is_measured_cached_and_kept(tmp_path, mo
         assert q4_1_choice(target) is None and target.q4_1_rows == 0
         return
     assert target.q4_1_rows == Q4_1_ROWS
-    record = measure_q4_1(target, rows=(1, 4), rounds=1)
-    assert record["rows"] == [1, 4] and all(t > 0 for way in ("fp32", "blocks") for t in record[way])
+    record = measure_q4_1(target, rows=(1, 4, 8), rounds=1)
+    timed = record["rows"]
+    assert timed == [1, 4, 8][:len(timed)] and all(t > 0 for way in ("fp32", "blocks") for t in record[way])
+    slower = [b > f for f, b in zip(record["fp32"], record["blocks"])]   # timed up to the first size where slower
+    assert not any(slower[:-1]) and (slower[-1] or len(timed) == 3)
     assert target.q4_1_rows == Q4_1_ROWS    # left as it found it
     rows = q4_1_choice(target)
     assert rows in (0, *calibration.Q4_1_ROWS) and q4_1_choice(target) == rows   # read back: the file

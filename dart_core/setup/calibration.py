@@ -136,34 +136,42 @@ def measure_cost_curve(target: TargetModel, rows: tuple[int, ...] | None = None,
     return CostCurve(tuple(rows), monotone_fit(medians), context, medians)
 
 
-def _verify_times(target: TargetModel, rows: tuple[int, ...], context: int, rounds: int,
-                  ways: dict) -> tuple[int, dict[str, list[float]]]:
+def _verify_times(target: TargetModel, rows: tuple[int, ...], context: int, rounds: int, ways: dict,
+                  last=None) -> tuple[int, dict[str, list[float]]]:
     """The median seconds of a greedy verify of a chain of k tokens after `context` tokens, for each k of `rows` and
     each way of `ways` (a name and what sets it up before each verify): `rounds` interleaved passes over every size
     and way after a warm-up pass (a slow moment hits them all alike), each verify timed right after an untimed one of
-    the same size and way. Returns the context used (clamped to the
-    model's positions) and the medians by way."""
+    the same size and way. `last`, a test of one size's medians by way: the sizes are then timed one after another
+    (each one's passes still interleaving the ways), up to the first that passes it, the larger ones not at all (a
+    choice that ends there needs them not; on an AVX2 EPYC they were 70% of such a measurement). Returns the context
+    used (clamped to the model's positions) and the medians by way, of the sizes timed."""
     context = min(context, target.max_positions - max(rows) - 1)
     cache = target.new_cache()
     ids = [i % target.vocab_size for i in range(100, 100 + context)]
     target.prefill(ids, cache)
     trees = [TokenTree.chain(ids[-1], ids[:k - 1]) for k in rows]
     times = {name: [[] for _ in rows] for name in ways}
-    for round_ in range(rounds + 1):   # the first pass is a warm-up
-        for i, tree in enumerate(trees):
-            for name, set_up in ways.items():
-                set_up()
-                # timed as a run of steps of this size meets it: after one of its own, not after the previous size's
-                # (a one-row verify right after one of 64 rows took 3.1-3.2 ms, after one-row verifies 2.5-2.7: EPYC
-                # Zen 5, fp32)
-                for timed in (False, True):
-                    t0 = time.perf_counter()
-                    target.verify(tree, cache, choices=True)
-                    if target.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    if round_ and timed:
-                        times[name][i].append(time.perf_counter() - t0)
-                    target.rollback(cache, context)
+    passes = range(rounds + 1)   # the first a warm-up
+    order = [(r, i) for r in passes for i in range(len(rows))] if last is None else \
+        [(r, i) for i in range(len(rows)) for r in passes]
+    for round_, i in order:
+        tree = trees[i]
+        for name, set_up in ways.items():
+            set_up()
+            # timed as a run of steps of this size meets it: after one of its own, not after the previous size's
+            # (a one-row verify right after one of 64 rows took 3.1-3.2 ms, after one-row verifies 2.5-2.7: EPYC
+            # Zen 5, fp32)
+            for timed in (False, True):
+                t0 = time.perf_counter()
+                target.verify(tree, cache, choices=True)
+                if target.device.type == "cuda":
+                    torch.cuda.synchronize()
+                if round_ and timed:
+                    times[name][i].append(time.perf_counter() - t0)
+                target.rollback(cache, context)
+        if last is not None and round_ == rounds and last({way: float(np.median(ts[i])) for way, ts in times.items()}):
+            times = {way: ts[:i + 1] for way, ts in times.items()}
+            break
     return context, {name: [float(np.median(t)) for t in ts] for name, ts in times.items()}
 
 
@@ -193,7 +201,8 @@ def measure_greedy_copy(target: TargetModel, rows: tuple[int, ...] = GREEDY_COPY
                         rounds: int = CURVE_ROUNDS) -> dict:
     """Seconds of a greedy verify of k tokens after `context` tokens with the output layer read whole ("full") and
     from its copy (dart_core.greedy_output) by fp32 FMAs ("copy") and, where it has one, by its integer product
-    ("tiles": on AMX tiles or by VNNI), side by side: the median of `rounds` interleaved passes after a warm-up."""
+    ("tiles": on AMX tiles or by VNNI), side by side: the median of `rounds` interleaved passes after a warm-up, up to
+    the first size at which the copy is slower."""
     native = target.lean.native
     copy = native.greedy
     kept = native.greedy_rows, copy.tile_rows
@@ -205,11 +214,13 @@ def measure_greedy_copy(target: TargetModel, rows: tuple[int, ...] = GREEDY_COPY
     ways = {"full": serve(0), "copy": serve(native.max_rows)}
     if copy.tiles is not None:
         ways["tiles"] = serve(native.max_rows, 1)
-    try:
-        _, medians = _verify_times(target, rows, context, rounds, ways)
+    try:   # up to the first size at which the copy, by its faster way, is slower: copy_choice serves none past it
+        _, medians = _verify_times(target, rows, context, rounds, ways,
+                                   last=lambda t: min(t["copy"], t.get("tiles", t["copy"])) > t["full"])
     finally:
         native.greedy_rows, copy.tile_rows = kept
-    return {"rows": list(rows), **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
+    timed = list(rows[:len(medians["full"])])
+    return {"rows": timed, **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
 
 
 @dataclass(frozen=True)
@@ -289,7 +300,8 @@ def reading_choice(target: TargetModel, recalibrate: bool = False) -> Reading | 
 def measure_q4_1(target: TargetModel, rows: tuple[int, ...] = Q4_1_ROWS, context: int = CURVE_CONTEXT,
                  rounds: int = CURVE_ROUNDS) -> dict:
     """Seconds of a greedy verify of k tokens after `context` tokens with the C layer reading the weights as Q4_1
-    blocks ("blocks") and in fp32 ("fp32"), side by side: the median of `rounds` interleaved passes after a warm-up."""
+    blocks ("blocks") and in fp32 ("fp32"), side by side: the median of `rounds` interleaved passes after a warm-up, up
+    to the first size at which the blocks are slower."""
     native = target.lean.native
     kept = native.q4_rows
 
@@ -297,11 +309,13 @@ def measure_q4_1(target: TargetModel, rows: tuple[int, ...] = Q4_1_ROWS, context
         def set_up():
             native.q4_rows = rows_
         return set_up
-    try:
-        _, medians = _verify_times(target, rows, context, rounds, {"fp32": serve(0), "blocks": serve(native.max_rows)})
+    try:   # up to the first size at which the blocks are slower: q4_1_rows_of serves none past it
+        _, medians = _verify_times(target, rows, context, rounds, {"fp32": serve(0), "blocks": serve(native.max_rows)},
+                                   last=lambda t: t["blocks"] > t["fp32"])
     finally:
         native.q4_rows = kept
-    return {"rows": list(rows), **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
+    timed = list(rows[:len(medians["fp32"])])
+    return {"rows": timed, **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
 
 
 def q4_1_rows_of(record: dict) -> int:
