@@ -93,8 +93,11 @@ def gguf_parsed_once():
     transformers' GGUF loading parses the file for the tokenizer, the config and the weights (about 5 s each for the
     default model's 49,152-token vocabulary) and builds the name map for each of the model's modules (about 8 s for
     its 397): the same objects each time, so the same converted folder, in about a third of the time."""
-    import gguf as gguf_py
-
+    try:
+        import gguf as gguf_py
+    except ImportError:   # transformers says what is missing
+        yield
+        return
     reader, name_map = gguf_py.GGUFReader, gguf_py.get_tensor_name_map
     readers: dict = {}
 
