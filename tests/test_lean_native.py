@@ -14,9 +14,9 @@ from dart_core.machine import few_rows
 from dart_core.machine.few_rows import Reading
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
 from dart_core.setup import calibration
-from dart_core.setup.calibration import (READING_WAYS, PrefillChoice, measure_prefill, measure_q4_1, measure_reading,
-                                         q4_1_choice, q4_1_rows_of,
-                                         prefill_choice, prefill_of, reading_choice, reading_of)
+from dart_core.setup.calibration import (READING_MARGIN, READING_WAYS, PrefillChoice, measure_prefill, measure_q4_1,
+                                         measure_reading, q4_1_choice, q4_1_rows_of, prefill_choice, prefill_of,
+                                         reading_choice, reading_of)
 from dart_core.setup.tiny_models import random_head, random_prompts, tiny_target
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
@@ -47,7 +47,7 @@ def plain_logits(target, prompt: list[int], path: list[int]) -> list[torch.Tenso
 def test_a_trees_rows_get_plain_decodings_bits(hidden):
     """On several threads and on one. The prompt is long enough that the tree's attention runs on the threads (6 rows
     by 4 heads over 105 entries; with 40 entries it ran on one thread, and a share lost by the second thread went
-    unseen), plain decoding's one row on one thread; hidden 128 gives heads of 32 columns, summed in two slices on AVX2."""
+    unseen), plain decoding's one row on one thread; hidden 128 gives heads of 32 columns, two slices on AVX2."""
     for family in ("llama", "qwen2", "qwen3"):
         target = native_target(family, hidden=hidden)
         if target is None:
@@ -240,8 +240,12 @@ def test_the_reading_is_measured_applied_and_changes_no_bit(tmp_path, monkeypatc
     if target.forward_kind != "lean-native":
         assert reading_choice(target) is None and target.reading is None   # no C layer: nothing to measure
         return
-    record = measure_reading(target, rows=(1, 4), rounds=1)
-    assert record["rows"] == [1, 4] and all(t > 0 for way in READING_WAYS for t in record[way])
+    record = measure_reading(target, rows=(1, 4, 8), rounds=1)
+    timed = record["rows"]
+    assert timed == [1, 4, 8][-len(timed):] and all(t > 0 for way in READING_WAYS for t in record[way])
+    # from the largest size down to the first at which the hardware won by the margin, none below it
+    won = [ahead > hardware * READING_MARGIN for ahead, hardware in zip(record["ahead"], record["hardware"])]
+    assert not any(won[1:]) and (won[0] or len(timed) == 3)
     assert target.reading == Reading()   # left as it found it
     reading = reading_choice(target)
     assert reading.prefetch_from in (1, 2, 4, 8, 9) and reading_choice(target) == reading   # read back: the file

@@ -265,14 +265,19 @@ def greedy_copy_choice(target: TargetModel, recalibrate: bool = False) -> CopyCh
 def measure_reading(target: TargetModel, rows: tuple[int, ...] = READING_ROWS, context: int = CURVE_CONTEXT,
                     rounds: int = READING_ROUNDS) -> dict:
     """Seconds of a greedy verify of k tokens after `context` tokens with the C layer's products reading their weights
-    each way of READING_WAYS, side by side: the median of `rounds` interleaved passes after a warm-up."""
+    each way of READING_WAYS, side by side: the median of `rounds` interleaved passes after a warm-up, from the largest
+    size down to the first at which the hardware won by READING_MARGIN (reading_of prefetches from none below it)."""
     kept = target.reading
     ways = {name: (lambda way=way: target.use_reading(way)) for name, way in READING_WAYS.items()}
+    largest_first = tuple(sorted(rows, reverse=True))
     try:
-        _, medians = _verify_times(target, rows, context, rounds, ways)
+        _, medians = _verify_times(target, largest_first, context, rounds, ways,
+                                   last=lambda t: t["ahead"] > t["hardware"] * READING_MARGIN)
     finally:
         target.use_reading(kept)
-    return {"rows": list(rows), **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
+    timed = sorted(range(len(medians["ahead"])), key=lambda i: largest_first[i])   # the record in ascending rows
+    return {"rows": [largest_first[i] for i in timed], **{way: [round(ts[i], 6) for i in timed]
+                                                          for way, ts in medians.items()}}
 
 
 def reading_of(record: dict) -> Reading:
