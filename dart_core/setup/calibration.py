@@ -141,10 +141,10 @@ def _verify_times(target: TargetModel, rows: tuple[int, ...], context: int, roun
     """The median seconds of a greedy verify of a chain of k tokens after `context` tokens, for each k of `rows` and
     each way of `ways` (a name and what sets it up before each verify): `rounds` interleaved passes over every size
     and way after a warm-up pass (a slow moment hits them all alike), each verify timed right after an untimed one of
-    the same size and way. `last`, a test of one size's medians by way: the sizes are then timed one after another
-    (each one's passes still interleaving the ways), up to the first that passes it, the larger ones not at all (a
-    choice that ends there needs them not; on an AVX2 EPYC they were 70% of such a measurement). Returns the context
-    used (clamped to the model's positions) and the medians by way, of the sizes timed."""
+    the same size and way. `last`, a test of one size's medians by way: the sizes are then timed one after another in
+    the order given (each one's passes still interleaving the ways), up to the first that passes it, those after it
+    not at all (a choice that ends there needs them not; on an AVX2 EPYC they were 70% of such a measurement). Returns
+    the context used (clamped to the model's positions) and the medians by way, of the sizes timed."""
     context = min(context, target.max_positions - max(rows) - 1)
     cache = target.new_cache()
     ids = [i % target.vocab_size for i in range(100, 100 + context)]
