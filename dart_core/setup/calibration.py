@@ -175,6 +175,12 @@ def _verify_times(target: TargetModel, rows: tuple[int, ...], context: int, roun
     return context, {name: [float(np.median(t)) for t in ts] for name, ts in times.items()}
 
 
+def _record(rows: tuple[int, ...], medians: dict[str, list[float]]) -> dict:
+    """A measurement's record: the sizes timed (the first of `rows`, as many as the medians) and each way's medians."""
+    timed = list(rows[:len(next(iter(medians.values())))])
+    return {"rows": timed, **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
+
+
 def measuring_seconds(curve: CostCurve, rounds: int = CURVE_ROUNDS) -> float:
     """About what measure_cost_curve takes on the machine `curve` describes: two verifies of every size (one untimed)
     in each of its passes."""
@@ -219,8 +225,7 @@ def measure_greedy_copy(target: TargetModel, rows: tuple[int, ...] = GREEDY_COPY
                                    last=lambda t: min(t["copy"], t.get("tiles", t["copy"])) > t["full"])
     finally:
         native.greedy_rows, copy.tile_rows = kept
-    timed = list(rows[:len(medians["full"])])
-    return {"rows": timed, **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
+    return _record(rows, medians)
 
 
 @dataclass(frozen=True)
@@ -275,9 +280,7 @@ def measure_reading(target: TargetModel, rows: tuple[int, ...] = READING_ROWS, c
                                    last=lambda t: t["ahead"] > t["hardware"] * READING_MARGIN)
     finally:
         target.use_reading(kept)
-    timed = sorted(range(len(medians["ahead"])), key=lambda i: largest_first[i])   # the record in ascending rows
-    return {"rows": [largest_first[i] for i in timed], **{way: [round(ts[i], 6) for i in timed]
-                                                          for way, ts in medians.items()}}
+    return {key: values[::-1] for key, values in _record(largest_first, medians).items()}   # in ascending rows
 
 
 def reading_of(record: dict) -> Reading:
@@ -319,8 +322,7 @@ def measure_q4_1(target: TargetModel, rows: tuple[int, ...] = Q4_1_ROWS, context
                                    last=lambda t: t["blocks"] > t["fp32"])
     finally:
         native.q4_rows = kept
-    timed = list(rows[:len(medians["fp32"])])
-    return {"rows": timed, **{way: [round(t, 6) for t in ts] for way, ts in medians.items()}}
+    return _record(rows, medians)
 
 
 def q4_1_rows_of(record: dict) -> int:
