@@ -21,13 +21,17 @@ class LookupIndex:
     def lookup(self, context: list[int]) -> list[int]:
         """The tokens that followed the latest earlier occurrence of the context's last n-gram, the longest n first
         (up to num_tokens of them); none where no n-gram occurred before."""
+        return self.matched(context)[1]
+
+    def matched(self, context: list[int]) -> tuple[int, list[int]]:
+        """`lookup`'s tokens, with the n of the n-gram they follow (0 where none occurred before)."""
         self._extend(context)
         n_ctx = len(context)
         for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
             start = self.starts[n].get(tuple(context[n_ctx - n:]))
             if start is not None:
-                return [int(t) for t in context[start + n: start + n + self.num_tokens]]
-        return []
+                return n, [int(t) for t in context[start + n: start + n + self.num_tokens]]
+        return 0, []
 
     def _extend(self, context: list[int]) -> None:
         done = len(self.tokens)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .budget.auto import AutoBudget
+from .budget.auto import ALONE_NGRAM, AutoBudget
 from .budget.pool import CandidatePool
 from .context_ngram import ContextNGram
 from . import draft_native
@@ -233,15 +233,21 @@ class DartProposer(Proposer):
     def propose(self, context, new_features, max_nodes):
         t0 = time.perf_counter()
         config, budget = self.search_config, None
+        ngram, branch = self.lookup.index.matched(context) if self.lookup is not None else (0, [])
         if self.auto_budget is not None:
-            chosen = self.auto_budget.budget_for(context)
-            length = self.auto_budget.lookup_tokens if self.lookup is not None and self.auto_budget.chooses_lookup \
-                else None
-            budget = StepBudget(chosen, True, self.auto_budget.choice_record, self._curve_event, length)
-            self._curve_event = None
-            if chosen == 0:   # plain decoding pays best here: no draft, no search; the head catches up later
+            auto = self.auto_budget
+            chosen = auto.budget_for(context)
+            auto.remember_alone(context, ngram, branch)
+            length = auto.lookup_tokens if self.lookup is not None and auto.chooses_lookup else None
+            if chosen == 0:   # no drafted tree pays here: no draft, no search; the head catches up later
                 self._unread = new_features if self._unread is None else torch.cat([self._unread, new_features])
-                return Proposal(TokenTree([context[-1]], [-1]), budget=budget)
+                alone = branch[:auto.alone_tokens] if length is not None and ngram >= ALONE_NGRAM else []
+                tree, lookup_nodes = TokenTree([context[-1]], [-1]).with_branch(alone, len(alone))
+                budget = StepBudget(0, True, auto.choice_record, self._curve_event, len(alone) if length else None)
+                self._curve_event = None
+                return Proposal(tree, lookup_nodes=lookup_nodes or None, budget=budget)
+            budget = StepBudget(chosen, True, auto.choice_record, self._curve_event, length)
+            self._curve_event = None
             config = replace(config, node_budget=chosen)
         if self._unread is not None:
             new_features, self._unread = torch.cat([self._unread, new_features]), None
@@ -252,9 +258,8 @@ class DartProposer(Proposer):
         t1 = time.perf_counter()
         result = search(rows_tokens, rows_probs, context, config, self.ngram, self.eos_ids, node_budget=max_nodes,
                         record=False)   # the record, if kept, made when read (StepRecord.candidates)
-        tree, lookup_nodes, branch = result.tree, None, []
-        if self.lookup is not None:
-            branch = self.lookup.index.lookup(context)   # the longest: the budget learns every length from it
+        tree, lookup_nodes = result.tree, None
+        if self.lookup is not None:   # looked up at the longest: the budget learns every length from it
             used = budget.branch_used(branch) if budget is not None else branch
             tree, lookup_nodes = tree.with_branch(used, max_nodes - (len(tree) - 1))
         t2 = time.perf_counter()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dart_core.budget import auto as auto_budget
-from dart_core.budget.auto import (CHECK_STEPS, MIN_VERIFIES, PLAIN_MARGIN, PROBE_EVERY, PROBE_EVERY_MAX,
+from dart_core.budget.auto import (ALONE_NGRAM, CHECK_STEPS, MIN_VERIFIES, PLAIN_MARGIN, PROBE_EVERY, PROBE_EVERY_MAX,
                                    RECENT_VERIFIES, REMEASURE_SHARE, AutoBudget)
 from dart_core.decoding import GenerationConfig, run
 from dart_core.forensics.misses import lookup_effects
@@ -107,6 +107,30 @@ def test_the_branch_length_is_chosen_with_the_budget():
         assert choice.expected_tokens_per_s == pytest.approx(max(rates.values())) or choice.budget == 0
 
 
+def test_where_no_drafted_tree_pays_the_lookup_branch_alone_is_kept_at_the_length_that_pays():
+    rng = np.random.default_rng(3)
+    rows_tokens, rows_probs = random_rows(rng)
+    context, target = [1, 2, 3, 1, 2], [3, 1, 2, 3, 1, 2, 3, 1]
+    cfg = SearchConfig(topk=6, beam_width=4, node_budget=60)
+    cheap_rows = CostCurve((1, 2, 8, 64), (0.01, 0.012, 0.02, 1.0))
+    right, wrong = target[:6], [39, 38, 37, 36, 35, 34]
+    # a right branch after an n-gram of ALONE_NGRAM tokens is kept; after a shorter one, or a wrong one, plain decoding
+    for branch, ngram, kept in ((right, ALONE_NGRAM, True), (right, ALONE_NGRAM - 1, False), (wrong, 3, False)):
+        auto = AutoBudget(cheap_rows, start=4, max_budget=10)
+        auto.choose_lookup(range(7), start=3)
+        for _ in range(3):
+            auto.remember(context, search(rows_tokens, rows_probs, context, cfg).candidates, branch, 1.0)
+            auto.remember_alone(context, ngram, branch)   # drafting took a second: no drafted tree pays
+            auto.budget_for(context + target)
+        choice = auto.best()
+        # by brute force: the branch alone at length L takes min(L, 6) tokens of a right branch for t(1 + L)
+        rates = {n: (1 + (min(n, 6) if kept else 0)) / cheap_rows.time(1 + (n if kept else 0)) for n in range(7)}
+        best = max(rates, key=rates.get)
+        assert choice.budget == 0 and choice.alone_tokens == best and (best > 0) == kept
+        assert choice.expected_tokens_per_s == pytest.approx(rates[best])
+        assert choice.plain_tokens_per_s == pytest.approx(rates[0])
+
+
 def settled_on_right_chains(curve: CostCurve) -> AutoBudget:
     """An automatic budget on `curve` that has settled three steps whose draft's argmax chain the target took
     (drafting 2 ms a step)."""
@@ -191,6 +215,28 @@ def test_where_drafting_does_not_pay_dart_decodes_plainly_and_keeps_probing(monk
     choice = trace.steps[-1].budget.choice
     assert choice.budget == 0 and choice.best_drafting > 0
     assert choice.start_tokens_per_s < choice.plain_tokens_per_s == choice.expected_tokens_per_s
+
+
+def test_where_drafting_does_not_pay_dart_pld_keeps_the_lookup_branch_alone_and_stays_lossless(monkeypatch):
+    monkeypatch.setattr(auto_budget, "CHECK_STEPS", 10**6)   # the curve is not corrected mid-run: choices on schedule
+    target = tiny_target("llama", seed=7)
+    prompt = [1, 5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]
+    dear_drafts = CostCurve((1, 2, 8, 64), (0.01, 0.012, 0.02, 1.0))
+    monkeypatch.setattr(loading, "cost_curve", lambda *a, **k: dear_drafts)
+    loaded = Loaded(target, random_head(target, n_mask=2, seed=2), draft_kernels="fp32")
+    dart = loaded.proposer(DART_PLD, DraftSettings(SearchConfig(topk=5, beam_width=3, node_budget=6), auto_budget=True))
+    monkeypatch.setattr(dart.auto_budget, "remember", lambda context, pool, branch, seconds: AutoBudget.remember(
+        dart.auto_budget, context, pool, branch, 1.0))      # a drafting step takes a second: no drafted tree pays
+    trace = run(target, dart, prompt, GenerationConfig(max_new_tokens=60))
+    assert trace.output_ids == plain_greedy_reference(target, prompt, 60)
+    alone = [s for s in trace.steps[1:] if s.budget.nodes == 0 and len(s.tree) > 1]
+    assert alone and all(s.candidates is None and s.rows_tokens is None for s in alone)      # nothing drafted
+    for s in alone:   # the tree is the root and the branch's first choice.alone_tokens tokens, nothing else
+        ngram, branch = dart.lookup.index.matched(trace.context_at(s.index))
+        assert ngram >= ALONE_NGRAM and s.tree.tokens[1:] == branch[:s.budget.choice.alone_tokens]
+        assert s.lookup_nodes == list(range(1, len(s.tree))) and s.budget.lookup == len(s.tree) - 1
+        assert "branch alone" in s.budget.text()
+    assert sum(s.accepted for s in alone) > 0
 
 
 def test_dart_pld_chooses_its_branch_length_as_it_goes_and_stays_lossless(monkeypatch):

@@ -24,6 +24,7 @@ class BudgetChoice:
     start: int
     plain_tokens_per_s: float = 0.0  # plain decoding on the same cost curve: what budget 0 gives
     best_drafting: int = 0           # the best budget above 0 (what a probe step uses)
+    alone_tokens: int = 0            # with budget 0: the lookup branch alone, up to this many tokens (0: plain)
     overhead_s: float = 0.0          # mean drafting and search time per step
     tokens_by_budget: list[float] = field(default_factory=list)   # expected tokens per step for budget 0, 1, ...
     nodes_by_budget: list[float] = field(default_factory=list)    # expected tree nodes (the lookup branch's too)
@@ -108,6 +109,9 @@ class StepBudget:
             return f"node budget {self.nodes} (fixed)"
         if self.curve is not None:   # the run's own verify times disagreed with the cost curve before this step
             return f"{replace(self, curve=None).text()} · {self.curve.text()}"
+        if self.nodes == 0 and self.choice is not None and self.choice.alone_tokens:
+            return (f"prompt lookup's branch alone, up to {self.choice.alone_tokens} tokens: no drafted tree pays on "
+                    "this machine (automatic budget)")
         if self.nodes == 0:
             return "plain decoding: no tree pays on this machine (automatic budget)"
         if self.choice is None:
