@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from dart_core.budget import auto as auto_budget
+from dart_core.budget.step_budget import BudgetChoice
 from dart_core.budget.auto import (ALONE_NGRAM, CHECK_STEPS, MIN_VERIFIES, PLAIN_MARGIN, PROBE_EVERY, PROBE_EVERY_MAX,
                                    RECENT_VERIFIES, REMEASURE_SHARE, AutoBudget)
 from dart_core.decoding import GenerationConfig, run
@@ -129,6 +130,7 @@ def test_where_no_drafted_tree_pays_the_lookup_branch_alone_is_kept_at_the_lengt
         assert choice.budget == 0 and choice.alone_tokens == best and (best > 0) == kept
         assert choice.expected_tokens_per_s == pytest.approx(rates[best])
         assert choice.plain_tokens_per_s == pytest.approx(rates[0])
+        assert BudgetChoice.from_dict(choice.to_dict()).alone_tokens == choice.alone_tokens   # as traces keep it
 
 
 def settled_on_right_chains(curve: CostCurve) -> AutoBudget:

@@ -43,6 +43,8 @@ class BudgetChoice:
 
     def to_dict(self) -> dict:
         d = self._estimates()
+        if not self.alone_tokens:   # files written before the branch alone existed read the same
+            del d["alone_tokens"]
         if self.curve is not None:
             d["curve"] = self.curve.to_dict()
         return d
