@@ -242,8 +242,9 @@ class DartProposer(Proposer):
             if chosen == 0:   # no drafted tree pays here: no draft, no search; the head catches up later
                 self._unread = new_features if self._unread is None else torch.cat([self._unread, new_features])
                 alone = branch[:auto.alone_tokens] if length is not None and ngram >= ALONE_NGRAM else []
-                tree, lookup_nodes = TokenTree([context[-1]], [-1]).with_branch(alone, len(alone))
-                budget = StepBudget(0, True, auto.choice_record, self._curve_event, len(alone) if length else None)
+                tree, lookup_nodes = TokenTree([context[-1]], [-1]).with_branch(alone, max(0, max_nodes))
+                grafted = len(lookup_nodes) if length is not None else None
+                budget = StepBudget(0, True, auto.choice_record, self._curve_event, grafted)
                 self._curve_event = None
                 return Proposal(tree, lookup_nodes=lookup_nodes or None, budget=budget)
             budget = StepBudget(chosen, True, auto.choice_record, self._curve_event, length)
