@@ -27,6 +27,7 @@ from dart_core.setup.loading import DraftSettings, Loaded
 from dart_core.trace import RunSettings
 from dart_core.views.figures import cost_figure
 from dart_core.tree_search import SearchConfig, search
+from tests.test_lean_forward import STEPS, lean_pair
 from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, random_head, tiny_target
 
 FLAT = CostCurve((1, 64), (0.01, 0.01))            # nodes cost nothing: the largest tree is best
@@ -219,9 +220,10 @@ def test_where_drafting_does_not_pay_dart_decodes_plainly_and_keeps_probing(monk
     assert choice.start_tokens_per_s < choice.plain_tokens_per_s == choice.expected_tokens_per_s
 
 
-def test_where_drafting_does_not_pay_dart_pld_keeps_the_lookup_branch_alone_and_stays_lossless(monkeypatch):
+@pytest.mark.parametrize("graphs", STEPS)   # the C layer, torch operations, the fixed shapes a GPU captures
+def test_where_drafting_does_not_pay_dart_pld_keeps_the_lookup_branch_alone_and_stays_lossless(graphs, monkeypatch):
     monkeypatch.setattr(auto_budget, "CHECK_STEPS", 10**6)   # the curve is not corrected mid-run: choices on schedule
-    target = tiny_target("llama", seed=7)
+    _, target = lean_pair("llama", seed=7, graphs=graphs)
     prompt = [1, 5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]
     dear_drafts = CostCurve((1, 2, 8, 64), (0.01, 0.012, 0.02, 1.0))
     monkeypatch.setattr(loading, "cost_curve", lambda *a, **k: dear_drafts)
