@@ -93,7 +93,8 @@ def run_controls(engine: Engine) -> Components:
     c["use_pld"] = gr.Checkbox(label="Third lane: prompt lookup", value=False, elem_id="use-pld")
     c["lookup_branch"] = gr.Checkbox(
         label="DART + lookup branch", value=False, elem_id="lookup-branch",
-        info="add prompt lookup's copied continuation to every DART tree (not in the paper)")
+        info="add prompt lookup's copied continuation to every DART tree (not in the paper); where no drafted tree "
+             "pays on this machine, the automatic budget may verify the branch alone")
     with gr.Accordion("Sampling", open=False):
         for knob in SAMPLING_KNOBS:
             c[knob.name] = _slider(knob)
