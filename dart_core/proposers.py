@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .budget.auto import ALONE_NGRAM, AutoBudget
+from .budget.auto import AutoBudget
+from .budget.branch_alone import ALONE_NGRAM
 from .budget.pool import CandidatePool
 from .context_ngram import ContextNGram
 from . import draft_native

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from dart_core.budget import auto as auto_budget
+from dart_core.budget.branch_alone import ALONE_NGRAM, BranchAlone
 from dart_core.budget.step_budget import BudgetChoice
-from dart_core.budget.auto import (ALONE_NGRAM, CHECK_STEPS, MIN_VERIFIES, PLAIN_MARGIN, PROBE_EVERY, PROBE_EVERY_MAX,
+from dart_core.budget.auto import (CHECK_STEPS, MIN_VERIFIES, PLAIN_MARGIN, PROBE_EVERY, PROBE_EVERY_MAX,
                                    RECENT_VERIFIES, REMEASURE_SHARE, AutoBudget)
 from dart_core.decoding import GenerationConfig, run
 from dart_core.forensics.misses import lookup_effects
@@ -132,6 +133,22 @@ def test_where_no_drafted_tree_pays_the_lookup_branch_alone_is_kept_at_the_lengt
         assert choice.expected_tokens_per_s == pytest.approx(rates[best])
         assert choice.plain_tokens_per_s == pytest.approx(rates[0])
         assert BudgetChoice.from_dict(choice.to_dict()).alone_tokens == choice.alone_tokens   # as traces keep it
+
+
+def test_the_branch_alone_counts_a_step_once_the_target_has_said_as_much_as_its_branch():
+    alone = BranchAlone(range(4))
+    alone.remember([1, 2, 3], ALONE_NGRAM, [7, 8, 9, 6, 6])              # kept up to the longest length, 3
+    alone.settle([1, 2, 3, 7, 8])
+    assert alone.steps == 0 and alone.pending == [(2, [7, 8, 9])]       # the target said 2 tokens of 3: waits
+    alone.settle([1, 2, 3, 7, 8, 5])                                     # 7 and 8 right, then not 9
+    assert alone.steps == 1 and not alone.pending and alone.accepted.tolist() == [0, 1, 2, 2]
+    assert alone.nodes.tolist() == [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    alone.remember([1, 2, 3, 7, 8, 5], ALONE_NGRAM - 1, [4])            # after a shorter n-gram: plain at every length
+    alone.settle([1, 2, 3, 7, 8, 5, 4])
+    assert alone.steps == 2 and alone.accepted.tolist() == [0, 1, 2, 2] and alone.nodes[:, 0].tolist() == [2, 1, 1, 1]
+    alone.remember([1, 2], ALONE_NGRAM, [3])
+    alone.reset()                                                        # a new prompt: nothing pending
+    assert not alone.pending
 
 
 def settled_on_right_chains(curve: CostCurve) -> AutoBudget:

@@ -27,14 +27,11 @@ where it would cost at most REMEASURE_SHARE of the verify time the run has spent
 instead until then (docs/cpu-speed.md, section 25).
 
 Where no budget beats plain decoding (1 token per t(1), no drafting at all), the choice is budget 0: the proposer
-then skips the draft head and the search, so DART costs what plain decoding costs. With a lookup branch, budget 0 may
-keep the branch alone (no draft, no search: a dictionary read a step), where its n-gram is at least ALONE_NGRAM long
-and at the length that pays best, learnt from every step's branch against what the target said; on a 2-core AVX2
-EPYC, where a drafting step costs a third of a plain one and the shipped head's trees do not pay, the branch alone
-does (docs/cpu-speed.md, section 28). Either way, except for probe steps that keep
-measuring whether drafting pays again: PROBE_EVERY steps after plain decoding is chosen, and each time it is chosen
-again, twice as many steps later (up to PROBE_EVERY_MAX; a new prompt starts again from PROBE_EVERY). A probe costs
-the head's catching up and a tree that did not pay (docs/cpu-speed.md, section 24).
+then skips the draft head and the search, so DART costs what plain decoding costs, or, with a lookup branch, verifies
+the branch alone where that pays (dart_core.budget.branch_alone). Probe steps keep measuring whether drafting pays
+again: PROBE_EVERY steps after plain decoding is chosen, and each time it is chosen again, twice as many steps later
+(up to PROBE_EVERY_MAX; a new prompt starts again from PROBE_EVERY). A probe costs the head's catching up and a tree
+that did not pay (docs/cpu-speed.md, section 24).
 """
 
 from __future__ import annotations
@@ -46,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..machine.records import CostCurve
+from .branch_alone import BranchAlone
 from .pool import CandidatePool, expected_rate
 from .step_budget import BudgetChoice, CurveFix
 from ..tree_search import Candidates
@@ -62,9 +60,6 @@ PROBE_EVERY_MAX = 64     # twice as many after each probe that chose plain decod
 # the plain mode still pays (feature taps, the head catching up, the probes); measurements:
 # docs/cpu-speed.md#measured-plain-decodings-margin.
 PLAIN_MARGIN = 1.1
-# The branch alone only after an n-gram of at least this many tokens: on the 20 prompts of the AVX2 EPYC, branches of
-# 3 tokens ran 0.98x plain decoding after any n-gram and 1.11x after 2 or 3 tokens (docs/cpu-speed.md, section 28).
-ALONE_NGRAM = 2
 CHECK_STEPS = 8          # verify steps whose measured times are held against the curve at once (their median)
 CURVE_TOLERANCE = 1.5    # measured / predicted beyond this (or below its inverse): the curve disagrees with the run
 REMEASURE_SHARE = 0.05   # a mid-run measurement of the curve may cost at most this share of the run's verify time
@@ -112,6 +107,7 @@ class AutoBudget:
         self._probe_every = PROBE_EVERY                  # plain steps until the next probe
         self.chooses_lookup = False
         self._learn([WHOLE])                             # the lookup branch (if any) is grafted whole
+        self.alone: BranchAlone | None = None            # the lookup branch alone, where the length is chosen
         self.alone_tokens = 0                            # with budget 0: the branch alone, this long (0: none)
 
     def choose_lookup(self, lengths, start: int) -> None:
@@ -120,11 +116,7 @@ class AutoBudget:
         self.chooses_lookup = True
         self._learn(sorted({int(n) for n in lengths}))
         self.lookup_tokens = int(start) if start in self.lengths else int(self.lengths[-1])
-        # the branch alone, learnt from every step: per length, the tokens it took, and the steps by nodes verified
-        self.alone_pending: list[tuple[int, list[int]]] = []
-        self.alone_steps = 0
-        self.alone_accepted = np.zeros(len(self.lengths))
-        self.alone_nodes = np.zeros((len(self.lengths), int(self.lengths[-1]) + 1))
+        self.alone = BranchAlone(self.lengths)
 
     def _learn(self, lengths) -> None:
         self.lengths = np.asarray(lengths)
@@ -136,8 +128,8 @@ class AutoBudget:
     def reset(self) -> None:
         """A new prompt: its context is unrelated to the pending steps' (what was learnt stays)."""
         self.pending = []
-        if self.chooses_lookup:
-            self.alone_pending = []
+        if self.alone is not None:
+            self.alone.reset()
         self._probe_every = PROBE_EVERY
 
     def budget_for(self, context: list[int]) -> int:
@@ -169,11 +161,9 @@ class AutoBudget:
                                      int(pool.level.max()) + 1))
 
     def remember_alone(self, context: list[int], ngram: int, branch: list[int]) -> None:
-        """This step's lookup branch at the longest, after an n-gram of `ngram` tokens: what the branch alone would
-        have grafted (nothing after a shorter n-gram than ALONE_NGRAM), kept until the target has said as much."""
-        if self.chooses_lookup:
-            kept = branch[:int(self.lengths[-1])] if ngram >= ALONE_NGRAM else []
-            self.alone_pending.append((len(context) - 1, kept))
+        """This step's lookup branch at the longest, after an n-gram of `ngram` tokens (BranchAlone.remember)."""
+        if self.alone is not None:
+            self.alone.remember(context, ngram, branch)
 
     def observe_verify(self, tokens: int, seconds: float) -> CurveFix | None:
         """A verify of `tokens` tokens took `seconds`. Every CHECK_STEPS of them, the curve is checked; returns what
@@ -227,19 +217,8 @@ class AutoBudget:
                 continue
             self._add(p, future[:needed])
         self.pending = keep
-        if self.chooses_lookup:
-            self.alone_pending = [(position, branch) for position, branch in self.alone_pending
-                                  if not self._add_alone(branch, context[position + 1:])]
-
-    def _add_alone(self, branch: list[int], future: list[int]) -> bool:
-        """Count the branch alone's step at every length, once the target has said as much as the branch holds."""
-        if len(future) < len(branch):
-            return False
-        taken = next((i for i, (a, b) in enumerate(zip(branch, future)) if a != b), len(branch))
-        self.alone_accepted += np.minimum(self.lengths, taken)
-        self.alone_nodes[np.arange(len(self.lengths)), np.minimum(self.lengths, len(branch))] += 1
-        self.alone_steps += 1
-        return True
+        if self.alone is not None:
+            self.alone.settle(context)
 
     def _add(self, p: _Pending, target_path: list[int]) -> None:
         accepted, nodes = p.pool.accepted_by_length(p.branch, target_path, self.budgets, self.lengths)
@@ -264,27 +243,15 @@ class AutoBudget:
         tokens = 1.0 + accepted / n
         return tokens, expected_rate(tokens, nodes / n, self.overhead, self.choice_curve)
 
-    def alone_rate(self) -> tuple[int, float, float]:
-        """The lookup branch alone at its best length: (length, expected tokens per step, tokens per second); length
-        0 is plain decoding."""
-        plain = 1.0 / self.choice_curve.time(1)
-        if not self.chooses_lookup or not self.alone_steps:
-            return 0, 1.0, plain
-        n = self.alone_steps
-        tokens = 1.0 + self.alone_accepted / n
-        seconds = self.alone_nodes @ self.choice_curve.times(1 + np.arange(self.alone_nodes.shape[1])) / n
-        i = int(np.argmax(tokens / seconds))   # ties: the shorter branch (length 0 first)
-        if tokens[i] / seconds[i] <= plain:
-            return 0, 1.0, plain
-        return int(self.lengths[i]), float(tokens[i]), float(tokens[i] / seconds[i])
-
     def best(self) -> BudgetChoice:
         self.choice_curve = self.run_curve()
         rates = self.rates()
         i, j = np.unravel_index(int(np.argmax(rates)), rates.shape)   # ties: the shorter branch, the smaller tree
         length, drafting = int(self.lengths[i]), 1 + int(j)
         plain = 1.0 / self.choice_curve.time(1)
-        alone, alone_tokens, alone_per_s = self.alone_rate()
+        # without drafting: plain decoding, or the lookup branch alone where it beats that
+        alone, alone_tokens, alone_per_s = self.alone.best(self.choice_curve) if self.alone is not None \
+            else (0, 1.0, plain)
         budget = drafting if PLAIN_MARGIN * rates[i, j] >= alone_per_s else 0
         tokens, per_s = self.rate(drafting, length) if budget else (alone_tokens, alone_per_s)
         start = min(self.start, self.max_budget)
