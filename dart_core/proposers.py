@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .budget.auto import AutoBudget
-from .budget.branch_alone import ALONE_NGRAM
+from .budget.branch_alone import usable
 from .budget.pool import CandidatePool
 from .context_ngram import ContextNGram
 from . import draft_native
@@ -242,7 +242,7 @@ class DartProposer(Proposer):
             length = auto.lookup_tokens if self.lookup is not None and auto.chooses_lookup else None
             if chosen == 0:   # no drafted tree pays here: no draft, no search; the head catches up later
                 self._unread = new_features if self._unread is None else torch.cat([self._unread, new_features])
-                alone = branch[:auto.alone_tokens] if length is not None and ngram >= ALONE_NGRAM else []
+                alone = usable(ngram, branch)[:auto.alone_tokens] if length is not None else []
                 tree, lookup_nodes = TokenTree([context[-1]], [-1]).with_branch(alone, max(0, max_nodes))
                 grafted = len(lookup_nodes) if length is not None else None
                 budget = StepBudget(0, True, auto.choice_record, self._curve_event, grafted)

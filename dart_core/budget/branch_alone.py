@@ -19,6 +19,12 @@ from ..machine.records import CostCurve
 ALONE_NGRAM = 2
 
 
+def usable(ngram: int, branch: list[int]) -> list[int]:
+    """The branch the lookup found after an n-gram of `ngram` tokens, as the branch alone takes it: whole after an
+    n-gram of at least ALONE_NGRAM tokens, else nothing."""
+    return branch if ngram >= ALONE_NGRAM else []
+
+
 class BranchAlone:
     """Per branch length, the tokens the branch alone would have taken and the steps by the nodes it would have
     verified, summed over the settled steps."""
@@ -38,7 +44,7 @@ class BranchAlone:
     def remember(self, context: list[int], ngram: int, branch: list[int]) -> None:
         """This step's branch at the longest, after an n-gram of `ngram` tokens (nothing after a shorter n-gram than
         ALONE_NGRAM), kept until the target has said as much."""
-        self.pending.append((len(context) - 1, branch[:int(self.lengths[-1])] if ngram >= ALONE_NGRAM else []))
+        self.pending.append((len(context) - 1, usable(ngram, branch)[:int(self.lengths[-1])]))
 
     def settle(self, context: list[int]) -> None:
         """Count every pending step whose continuation `context` now holds."""
