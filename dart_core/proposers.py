@@ -208,7 +208,7 @@ class DartProposer(Proposer):
         self.drafter = drafter
         self.record_candidates = record_candidates
         self.auto_budget = auto_budget
-        self._unread: torch.Tensor | None = None   # features of steps decoded plainly, not yet read by the head
+        self._unread: list[torch.Tensor] = []   # features of steps decoded plainly, not yet read by the head
         self.search_config = (search_config or SearchConfig()).validate()
         self.ngram = ngram
         self.eos_ids = frozenset(eos_ids)
@@ -223,7 +223,7 @@ class DartProposer(Proposer):
 
     def reset(self):
         self.drafter.reset()
-        self._unread = None
+        self._unread = []
         if self.lookup is not None:
             self.lookup.reset()
         if self.auto_budget is not None:
@@ -241,7 +241,7 @@ class DartProposer(Proposer):
             auto.remember_alone(context, ngram, branch)
             length = auto.lookup_tokens if self.lookup is not None and auto.chooses_lookup else None
             if chosen == 0:   # no drafted tree pays here: no draft, no search; the head catches up later
-                self._unread = new_features if self._unread is None else torch.cat([self._unread, new_features])
+                self._unread.append(new_features)   # joined once, when the head next drafts
                 alone = usable(ngram, branch)[:auto.alone_tokens] if length is not None else []
                 tree, lookup_nodes = TokenTree([context[-1]], [-1]).with_branch(alone, max(0, max_nodes))
                 grafted = len(lookup_nodes) if length is not None else None
@@ -251,8 +251,8 @@ class DartProposer(Proposer):
             budget = StepBudget(chosen, True, auto.choice_record, self._curve_event, length)
             self._curve_event = None
             config = replace(config, node_budget=chosen)
-        if self._unread is not None:
-            new_features, self._unread = torch.cat([self._unread, new_features]), None
+        if self._unread:
+            new_features, self._unread = torch.cat([*self._unread, new_features]), []
         if hasattr(self.ngram, "observe"):
             self.ngram.observe(context)
         logits = self.drafter.draft(context, new_features)                  # [R, Vd]

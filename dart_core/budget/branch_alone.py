@@ -32,10 +32,27 @@ class BranchAlone:
     def __init__(self, lengths):
         """lengths: the branch lengths weighed, ascending (0 among them: plain decoding)."""
         self.lengths = np.asarray(lengths)
+        self.longest = int(self.lengths[-1])
         self.pending: list[tuple[int, list[int]]] = []   # (the step's root position, its branch) until settled
         self.steps = 0
-        self.accepted = np.zeros(len(self.lengths))
-        self.nodes = np.zeros((len(self.lengths), int(self.lengths[-1]) + 1))
+        # settled steps by (the tokens their branch got right, its length): one count a step, cheap enough for every
+        # step of a plain decode; the sums by length are made when a choice reads them
+        self.counts = np.zeros((self.longest + 1, self.longest + 1), dtype=np.int64)
+
+    @property
+    def accepted(self) -> np.ndarray:
+        """Per length weighed, the tokens its branch would have taken, summed over the settled steps."""
+        right = np.arange(self.longest + 1)
+        return np.minimum.outer(self.lengths, right) @ self.counts.sum(axis=1)
+
+    @property
+    def nodes(self) -> np.ndarray:
+        """Per length weighed, the settled steps by the branch nodes it would have verified, [lengths, longest + 1]."""
+        by_length = self.counts.sum(axis=0)
+        out = np.zeros((len(self.lengths), self.longest + 1), dtype=np.int64)
+        for i, n in enumerate(self.lengths):
+            np.add.at(out[i], np.minimum(n, np.arange(self.longest + 1)), by_length)
+        return out
 
     def reset(self) -> None:
         """A new prompt: the pending steps' continuation will not come."""
@@ -44,19 +61,18 @@ class BranchAlone:
     def remember(self, context: list[int], ngram: int, branch: list[int]) -> None:
         """This step's branch at the longest, after an n-gram of `ngram` tokens (nothing after a shorter n-gram than
         ALONE_NGRAM), kept until the target has said as much."""
-        self.pending.append((len(context) - 1, usable(ngram, branch)[:int(self.lengths[-1])]))
+        self.pending.append((len(context) - 1, usable(ngram, branch)[:self.longest]))
 
     def settle(self, context: list[int]) -> None:
         """Count every pending step whose continuation `context` now holds."""
         self.pending = [(position, branch) for position, branch in self.pending
-                        if not self._add(branch, context[position + 1:])]
+                        if not self._add(branch, context[position + 1: position + 1 + len(branch)])]
 
     def _add(self, branch: list[int], future: list[int]) -> bool:
         if len(future) < len(branch):
             return False
         taken = next((i for i, (a, b) in enumerate(zip(branch, future)) if a != b), len(branch))
-        self.accepted += np.minimum(self.lengths, taken)
-        self.nodes[np.arange(len(self.lengths)), np.minimum(self.lengths, len(branch))] += 1
+        self.counts[taken, len(branch)] += 1
         self.steps += 1
         return True
 
@@ -67,7 +83,7 @@ class BranchAlone:
         if not self.steps:
             return 0, 1.0, plain
         tokens = 1.0 + self.accepted / self.steps
-        seconds = self.nodes @ curve.times(1 + np.arange(self.nodes.shape[1])) / self.steps
+        seconds = self.nodes @ curve.times(1 + np.arange(self.longest + 1)) / self.steps
         i = int(np.argmax(tokens / seconds))   # ties: the shorter branch
         if tokens[i] / seconds[i] <= plain:
             return 0, 1.0, plain
