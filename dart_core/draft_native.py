@@ -101,15 +101,23 @@ class NativeDraftHead:
         cos, sin = self._rotation(P, P + n)
         threads = torch.get_num_threads()
         heads, kv_heads, d, inter = c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
-        scratch = torch.empty(lib.lean_layer_scratch(n, H, heads, kv_heads, d, inter, P, threads))
         qkv, o, gate_up, down = (w.blocks.data_ptr() for w in self.layer)
         cap, keys = cache.capacity, cache.kv.data_ptr()
-        lib.lean_layer(h.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), None, None, qkv, None, None, o,
-                       None, self.norms[2].data_ptr(), gate_up, down, keys, keys + kv_heads * cap * d * 4,
-                       scratch.data_ptr(), n, H, 2 * H, heads, kv_heads, d, inter, P, cap, c.rms_eps, threads,
-                       self.layer[0].kind)
+        values, kind = keys + kv_heads * cap * d * 4, self.layer[0].kind
+        # One layer: nothing reads the outputs of the real positions before the last, only their keys and values (a
+        # step after plain steps catches up on many such positions)
+        lead = S - 1
+        if lead:
+            scratch = torch.empty(lead * (heads + 2 * kv_heads) * d)
+            lib.lean_layer_keys(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), qkv, None, None, keys, values,
+                                scratch.data_ptr(), lead, 2 * H, heads, kv_heads, d, P, cap, c.rms_eps, threads, kind)
+        scratch = torch.empty(lib.lean_layer_scratch(n - lead, H, heads, kv_heads, d, inter, P + lead, threads))
+        lib.lean_layer(h[lead].data_ptr(), x[lead].data_ptr(), cos[lead].data_ptr(), sin[lead].data_ptr(), None, None,
+                       qkv, None, None, o, None, self.norms[2].data_ptr(), gate_up, down, keys, values,
+                       scratch.data_ptr(), n - lead, H, 2 * H, heads, kv_heads, d, inter, P + lead, cap, c.rms_eps,
+                       threads, kind)
         cache.length = P + S
-        rows = h[S - 1:]
+        rows = h[lead:]
         for _ in range(2 if c.double_norm else 1):
             normed = torch.empty_like(rows)
             lib.lean_final_norm(rows.data_ptr(), self.final_norm.data_ptr(), normed.data_ptr(), K + 1, H, c.rms_eps)
