@@ -8,7 +8,9 @@ verifies decoding makes, and DART's drafted and plain steps against our plain la
 a verify of --after rows (the cost curve times each size after one of its own: dart_core/setup/calibration.py).
 `steps`: the default model in fp32, greedy, 128 new tokens, MT-bench and HumanEval prompts (--prompts N each), vanilla
 and each method alternating per prompt; prints tokens/s without the prompts' prefill, each method's ratio to vanilla,
-its steps by tree size (verify and propose ms, tokens a step), and the choices its automatic budget made.
+its steps by kind (plain, the lookup branch alone, drafted: probes and trees; ms a token, verify and propose in
+all) and by tree size (verify and propose ms, tokens a step), the seconds outside its steps (a decode's set-up, the
+loop's books), and the choices its automatic budget made.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def steps(loaded, methods: list[str], prompts: int) -> None:
         run(target, proposers[m], ids[0], config)
     seconds, tokens = collections.Counter(), collections.Counter()
     by_size = {m: collections.defaultdict(list) for m in names}
+    by_kind = {m: collections.defaultdict(lambda: [0, 0, 0.0]) for m in names}   # steps, tokens, seconds
+    outside = collections.Counter()
     choices = {m: collections.Counter() for m in names}
     for prompt in ids:
         for m in names:
@@ -67,21 +71,34 @@ def steps(loaded, methods: list[str], prompts: int) -> None:
             trace = run(target, proposers[m], prompt, config)
             seconds[m] += time.perf_counter() - t0 - trace.steps[0].timings["prefill"]
             tokens[m] += len(trace.output_ids)
+            outside[m] += time.perf_counter() - t0 - sum(sum(s.timings.values()) for s in trace.steps)
             for s in trace.steps[1:]:
                 t = s.timings
                 by_size[m][len(s.tree)].append((t["verify"], t.get("draft", 0) + t.get("search", 0), len(s.new_tokens)))
+                kind = by_kind[m][step_kind(s)]
+                kind[0], kind[1], kind[2] = kind[0] + 1, kind[1] + len(s.new_tokens), kind[2] + sum(t.values())
                 if s.budget is not None and s.budget.choice is not None:
                     choices[m][s.budget.choice.budget] += 1
     plain = tokens["vanilla"] / seconds["vanilla"]
     for m in names:
         rate = tokens[m] / seconds[m]
-        print(f"{m}: {rate:.1f} tokens/s without the prefill, {rate / plain:.3f}x vanilla")
+        print(f"{m}: {rate:.1f} tokens/s without the prefill, {rate / plain:.3f}x vanilla; outside its steps "
+              f"{outside[m]:.2f} s")
+        for kind, (n, got, spent) in sorted(by_kind[m].items()):
+            print(f"  {kind:10s} {n:5d} steps, {got:5d} tokens, {spent / got * 1e3:.2f} ms a token")
         for size in sorted(by_size[m]):
             a = np.array(by_size[m][size])
             print(f"  {size:3d} rows: {len(a):5d} steps, verify {np.median(a[:, 0]) * 1e3:.2f} ms, propose "
                   f"{a[:, 1].mean() * 1e3:.2f} ms, {a[:, 2].mean():.2f} tokens a step")
         if choices[m]:
             print("  steps under each chosen budget (0: plain decoding):", dict(sorted(choices[m].items())))
+
+
+def step_kind(step) -> str:
+    """'drafted' (a probe or a tree), 'alone' (the lookup branch alone, nothing drafted) or 'plain'."""
+    if step.rows_tokens is not None:
+        return "drafted"
+    return "alone" if len(step.tree) > 1 else "plain"
 
 
 def main(argv=None) -> int:
