@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, GraniteConfig
 
 from dart_core import acceptance
 from dart_core.acceptance import Acceptance, SamplingConfig, processed_probs
-from dart_core.decoding import GenerationConfig, generate, run
+from dart_core.decoding import GenerationConfig, accepted_rows, generate, run
 from dart_core.draft_head import DraftCache, DraftHead, DraftHeadError
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, VanillaProposer
@@ -362,3 +362,10 @@ def test_the_cache_goes_by_the_keyword_the_models_forward_takes():
     cache = target.new_cache()
     target.prefill([3, 4, 5, 6], cache)
     assert cache_argument(target.model) == target.cache_kwarg and cache.get_seq_length() == 4
+
+
+def test_the_accepted_paths_features_are_its_rows_a_chains_without_a_copy():
+    rows = torch.arange(24.0).reshape(6, 4)
+    for path in ([0], [0, 1, 2], [0, 2, 5], [0, 3]):
+        assert torch.equal(accepted_rows(rows, path), rows[path])
+    assert accepted_rows(rows, [0, 1]).data_ptr() == rows.data_ptr()   # a chain's path: a view of the first rows
