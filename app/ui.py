@@ -119,12 +119,12 @@ def forget_page_copy(demo: gr.Blocks, state: gr.State, session) -> None:
     of its page goes too (Gradio makes an entry again for a component the page updates later); the page's state
     stays: the freed session, which tells a visitor who comes back why their run is gone."""
     pages = getattr(getattr(demo, "state_holder", None), "session_data", {})
-    for page in list(pages.values()):   # a snapshot (one call in C): Gradio adds pages from other threads
-        if page.state_data.get(state._id) is session:
-            page.config_values.clear()
+    for held in list(pages.values()):   # a snapshot (one call in C): Gradio adds pages from other threads
+        if held.state_data.get(state._id) is session:
+            held.config_values.clear()
             # and the component copies a streamed run left under ids the page does not have (a few every step)
-            for key in [key for key in page.blocks_config.blocks if key not in demo.blocks]:
-                del page.blocks_config.blocks[key]
+            for key in [key for key in held.blocks_config.blocks if key not in demo.blocks]:
+                del held.blocks_config.blocks[key]
 
 
 def wire_run(cb: Callbacks, bind: Binder) -> None:

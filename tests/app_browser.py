@@ -157,7 +157,6 @@ def main(argv=None) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    from selenium.webdriver.common.by import By
     width, height = (int(v) for v in args.size.split("x"))
     with serve_app(*args.app_arg) as (url, _):
         drv = make_driver(browser, driver, width, height)
