@@ -109,8 +109,8 @@ class NativeDraftHead:
         lead = S - 1
         if lead:
             scratch = torch.empty(lead * (heads + 2 * kv_heads) * d)
-            lib.lean_layer_keys(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), qkv, None, None, keys, values,
-                                scratch.data_ptr(), lead, 2 * H, heads, kv_heads, d, P, cap, c.rms_eps, threads, kind)
+            lib.lean_layer_qkv(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), qkv, None, None, keys, values,
+                               scratch.data_ptr(), lead, 2 * H, heads, kv_heads, d, P, cap, c.rms_eps, threads, kind)
         scratch = torch.empty(lib.lean_layer_scratch(n - lead, H, heads, kv_heads, d, inter, P + lead, threads))
         lib.lean_layer(h[lead].data_ptr(), x[lead].data_ptr(), cos[lead].data_ptr(), sin[lead].data_ptr(), None, None,
                        qkv, None, None, o, None, self.norms[2].data_ptr(), gate_up, down, keys, values,

@@ -148,8 +148,8 @@ class FewRowsKernel:
         p, n = ctypes.c_void_p, ctypes.c_long
         self.lib.lean_layer.argtypes = [p] * 17 + [n] * 9 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
         self.lib.lean_layer.restype = None
-        self.lib.lean_layer_keys.argtypes = [p] * 9 + [n] * 7 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
-        self.lib.lean_layer_keys.restype = None
+        self.lib.lean_layer_qkv.argtypes = [p] * 9 + [n] * 7 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+        self.lib.lean_layer_qkv.restype = None
         self.lib.lean_layers.argtypes = [p] * 5 + [n, p, n, p] + [n] * 8 + [ctypes.c_float, ctypes.c_int, ctypes.c_int,
                                                                           p, n, p]
         self.lib.lean_layers.restype = None

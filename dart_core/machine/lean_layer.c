@@ -280,10 +280,12 @@ static void attend(const float *const qs[], float *const outs[], const long rows
 }
 
 /* The rows' queries, keys and values qkv [n, (H + 2 KV) d] from their inputs x [n, Din]: projected, normed per head
-   (qk_norm, Qwen3) and rotated; the keys and values written to the cache at past .. past + n - 1. */
-static void project_qkv(const float *x, const float *cos_, const float *sin_, const void *qkv_w, const float *qkv_b,
-                        const float *qk_norm, float *k_cache, float *v_cache, float *qkv, long n, long Din, long H,
-                        long KV, long d, long past, long cap, float eps, int threads, int weights) {
+   (qk_norm, Qwen3) and rotated; the keys and values written to the cache at past .. past + n - 1. A layer's first
+   part (lean_layer); called alone, all a one-layer draft head needs of the committed positions before the last, whose
+   outputs nothing reads (the head's catching up on skipped steps). qkv: at least n (H + 2 KV) d floats. */
+void lean_layer_qkv(const float *x, const float *cos_, const float *sin_, const void *qkv_w, const float *qkv_b,
+                    const float *qk_norm, float *k_cache, float *v_cache, float *qkv, long n, long Din, long H, long KV,
+                    long d, long past, long cap, float eps, int threads, int weights) {
     long qkv_n = (H + 2 * KV) * d;
     linear(x, qkv_w, qkv_b, qkv, n, Din, qkv_n, threads, weights);
     for (long i = 0; i < n; i++) {
@@ -296,16 +298,6 @@ static void project_qkv(const float *x, const float *cos_, const float *sin_, co
                 v_cache[(g * cap + past + i) * d + j] = row[(H + KV + g) * d + j];
             }
     }
-}
-
-/* Only the cache entries of n rows of a layer's inputs x [n, Din]: what a one-layer draft head needs of the committed
-   positions before the last, whose outputs nothing reads (the head's catching up on skipped steps costs their keys
-   and values alone). scratch: at least n (H + 2 KV) d floats. */
-void lean_layer_keys(const float *x, const float *cos_, const float *sin_, const void *qkv_w, const float *qkv_b,
-                     const float *qk_norm, float *k_cache, float *v_cache, float *scratch, long n, long Din, long H,
-                     long KV, long d, long past, long cap, float eps, int threads, int weights) {
-    project_qkv(x, cos_, sin_, qkv_w, qkv_b, qk_norm, k_cache, v_cache, scratch, n, Din, H, KV, d, past, cap, eps,
-                threads, weights);
 }
 
 /* h [n, D]: the rows' hidden states, updated in place. x_in [n, Din]: the attention's input as it is, or NULL for
@@ -326,8 +318,8 @@ void lean_layer(float *h, const float *x_in, const float *cos_, const float *sin
     float scale = 1.0f / sqrtf((float)d);
 
     if (!x_in) rms_rows(h, norm_in, 0, x, n, D, eps);
-    project_qkv(x_in ? x_in : x, cos_, sin_, qkv_w, qkv_b, qk_norm, k_cache, v_cache, qkv, n, Din, H, KV, d, past, cap,
-                eps, threads, weights);
+    lean_layer_qkv(x_in ? x_in : x, cos_, sin_, qkv_w, qkv_b, qk_norm, k_cache, v_cache, qkv, n, Din, H, KV, d, past,
+                   cap, eps, threads, weights);
     /* queries per task: as many as QUERY_CHUNK while every thread gets a task (fewer leave a thread idle); a query's
        arithmetic does not depend on the others of its task. Each task reads its group's keys and values, so a group
        split over more tasks is read more times: on an EPYC Zen 5 a one-row step after 1,024 tokens took 3.9-4.0 ms
