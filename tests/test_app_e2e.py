@@ -3,7 +3,9 @@
 Starts `python app.py` (default model, random draft head) on a free port, types a prompt, runs it, waits for both
 lanes, checks that the tree is drawn and that the step selector (prev, slider, token click) changes it, plays a
 step's animation frame by frame, exports the run as HTML and opens that file from disk, replays an uploaded trace,
-and has a second page queue behind a long run (it sees its place) and free its session when closed. Skips, saying why, only when chromium, chromedriver or selenium is missing (.ci/run installs them).
+and has a second page queue behind a long run (it sees its place), stops the long run, which hands the model to the
+queued page, and frees the second page's session when that page is closed. Skips, saying why, only when chromium,
+chromedriver or selenium is missing (.ci/run installs them).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ pytestmark = pytest.mark.skipif(bool(WHY) and not os.environ.get("CI"),
                                 reason=f"end-to-end browser test skipped: {WHY}")
 
 MAX_NEW = 24
-LONG_RUN = 256    # tokens of the run that holds the model while a second page queues behind it (48 could finish
-                  # before the second page's Run arrived on an EPYC Zen 5)
+LONG_RUN = 256    # tokens of the run that holds the model while a second page queues behind it, until Stop ends it
+                  # (a run of 48 could finish before the second page's Run arrived on an EPYC Zen 5)
 QUEUED_RUN = 8   # tokens of the second page's run: it only has to wait its turn and finish
 QUEUE_TEXT = re.compile(r"queue: (\d+)/(\d+)")   # Gradio's status on the queued page's lanes (with the wait)
 
@@ -157,6 +159,11 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
                                   60, "the queue position on the second page")
                 other.save_screenshot(str(tmp_path / "queued.png"))
                 assert int(queued.group(1)) >= 1 and int(queued.group(2)) >= int(queued.group(1))
+                # Stop ends the long run after its step in flight and hands the model to the queued page.
+                click(drv, "#stop-btn", "the Stop button")
+                wait_for(drv, lambda d: all(lane_status(d, k).startswith("stopped") for k in ("vanilla", "dart")), 60,
+                         "the long run's lanes to say stopped")
+                assert len(drv.find_elements(By.CSS_SELECTOR, "#lane-dart .tok")) < LONG_RUN
                 wait_for(other, lambda d: all(lane_status(d, k).startswith("done") for k in ("vanilla", "dart")), 240,
                          "the second page's run")
                 assert "queue:" not in other.find_element(By.CSS_SELECTOR, "#lanes").text

@@ -299,20 +299,20 @@ def _identity(report) -> dict:
             for r in report["results"]}
 
 
-RESUME = ["--workloads", "mtbench", "--limit", "2", "--methods", "hf_generate,dart", "--dtype", "fp32,bf16",
+RESUME = ["--workloads", "mtbench", "--limit", "1", "--methods", "vanilla,dart", "--dtype", "fp32,bf16",
           "--temperature", "0,0.7", "--warmup", "1"]
 
 
 @needs_default
 def test_bench_resume_after_interrupt(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench_loop, "WARMUP_TOKENS", 3)          # tells warm-up decodes (3 tokens) from timed ones (8)
-    # fp32: 2 warm-up + 8 timed decodes; bf16: 2 warm-up, then Ctrl-C during its 2nd timed decode
-    _count_runs(monkeypatch, stop_at=14)
+    # fp32: 2 warm-up + 4 timed decodes; bf16: 2 warm-up, then Ctrl-C during its 2nd timed decode
+    _count_runs(monkeypatch, stop_at=10)
     with pytest.raises(KeyboardInterrupt):
         run_bench(bench_args(tmp_path / "cut", *RESUME))
     runs_file = tmp_path / "cut" / "report.runs.jsonl"
     before = _run_records(runs_file)
-    assert len(before) == 9 and {d["dtype"] for d in before[8:]} == {"bf16"}
+    assert len(before) == 5 and {d["dtype"] for d in before[4:]} == {"bf16"}
     partial = json.loads((tmp_path / "cut" / "report.json").read_text())
     assert partial["interrupted"] and {r["dtype"] for r in partial["runs"]} == {"fp32"}   # whole prompts only
     assert "--resume continues" in capsys.readouterr().err
@@ -324,13 +324,13 @@ def test_bench_resume_after_interrupt(tmp_path, capsys, monkeypatch):
     warm = [c for c in calls if c[4] == 3]
     timed = {(d, m, p, t) for d, m, p, t, n in calls if n == 8}
     assert len(warm) == 2 and {c[0] for c in warm} == {"bf16"}
-    assert len(timed) == len(calls) - 2 == 16 - 9
+    assert len(timed) == len(calls) - 2 == 8 - 5
     assert not timed & {_record_key(d) for d in before}      # nothing already in the runs file runs again
     after = _run_records(runs_file)
-    assert after[:9] == before and len({_record_key(d) for d in after}) == len(after) == 16
-    assert report["resumed_runs"] == 9 and not report["interrupted"] and len(report["runs"]) == 16
+    assert after[:5] == before and len({_record_key(d) for d in after}) == len(after) == 8
+    assert report["resumed_runs"] == 5 and not report["interrupted"] and len(report["runs"]) == 8
     assert {(r["method"], r["dtype"], r["temperature"], r["workload"]): r["prompts"] for r in report["results"]} \
-        == {(m, d, t, w): 2 for m in ("hf_generate", "dart") for d in ("fp32", "bf16")
+        == {(m, d, t, w): 1 for m in ("vanilla", "dart") for d in ("fp32", "bf16")
             for t in (0.0, 0.7) for w in ("all", "mtbench")}
     assert json.loads((tmp_path / "cut" / "report.json").read_text())["results"] == report["results"]
 
