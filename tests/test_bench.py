@@ -113,7 +113,8 @@ def test_report_arithmetic():
     assert len(report["runs"]) == len(runs) and report["runs"][0]["prompt"] == "a/1"
     per_run = {(r["prompt"], r["method"], r["dtype"]): r for r in report["runs"]}
     assert per_run["a/1", "dart", "fp32"]["forwards"] == 3 and per_run["a/1", "dart", "fp32"]["tau"] == 2.0
-    assert per_run["a/1", "hf_generate", "fp32"]["forwards"] == 5 and per_run["a/1", "hf_generate", "fp32"]["tau"] == 1.0
+    hf = per_run["a/1", "hf_generate", "fp32"]
+    assert hf["forwards"] == 5 and hf["tau"] == 1.0
 
 
 def test_unwritable_out_fails_before_loading(tmp_path, capsys, monkeypatch):
