@@ -2,6 +2,7 @@
 
 import pytest
 
+from dart_core.errors import DartError
 from dart_core.setup.chat import encode_prompt
 from dart_core.setup.defaults import DEFAULT_HEAD
 from dart_core.tools.cli import main as cli_main
@@ -62,6 +63,22 @@ def test_missing_model_folder_is_a_clear_error(tmp_path):
     with pytest.raises(ModelLoadError, match="no config.json"):
         resolve_model_path(str(tmp_path))
     assert cli_main(["generate", "--model", str(tmp_path), "--prompt", "hi"]) == 2
+
+
+def test_a_missing_head_folder_or_table_file_is_told_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    from dart_core.setup import loading
+
+    def no_load(*a, **k):
+        raise AssertionError("the model must not load before the names are checked")
+    monkeypatch.setattr(loading, "load_target", no_load)
+    with pytest.raises(DartError, match="is not a folder: --draft"):
+        load(draft=str(tmp_path / "no-head"))
+    with pytest.raises(DartError, match="n-gram file not found"):
+        load(ngram=str(tmp_path / "no-table.npz"))
+    with pytest.raises(AssertionError, match="must not load"):    # names that exist go on to load the model
+        load(draft="random", ngram="none")
+    assert cli_main(["generate", "--prompt", "hi", "--draft", str(tmp_path / "no-head")]) == 2
+    assert "is not a folder: --draft" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,message", [

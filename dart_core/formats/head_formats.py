@@ -54,12 +54,12 @@ NOT_READ = ("embed_tokens.weight", "t2d")  # in their files or not: the embeddin
 
 def head_format(folder) -> str:
     """FORMAT or AUTHORS, from the folder's config.json; a DraftHeadError naming what is missing otherwise."""
-    return _format_of(read_config(_folder(folder)), Path(folder))
+    return _format_of(read_config(head_folder(folder)), Path(folder))
 
 
 def load_head(folder, device="cpu", dtype=torch.float32) -> DraftHead:
     """A head folder in either format (its config read once)."""
-    d = _folder(folder)
+    d = head_folder(folder)
     data = read_config(d)
     if _format_of(data, d) == FORMAT:
         head = DraftHead.from_state(DraftConfig.from_dict(data), read_weights(d), d / WEIGHTS_FILE)
@@ -68,7 +68,8 @@ def load_head(folder, device="cpu", dtype=torch.float32) -> DraftHead:
     return head.to(device=device, dtype=dtype)
 
 
-def _folder(folder) -> Path:
+def head_folder(folder) -> Path:
+    """`folder` as a Path, where it is a folder (what a head's files must be in)."""
     d = Path(folder)
     if not d.is_dir():
         raise DraftHeadError(f"{d} is not a folder: --draft takes a head folder (or 'default', 'random')")

@@ -19,11 +19,11 @@ from ..draft_head import DraftConfig, DraftHead, DraftHeadError
 from ..context_ngram import ContextNGram
 from ..errors import DartError
 from ..machine.hardware import Hardware, detect
-from ..formats.head_formats import load_head
+from ..formats.head_formats import head_folder, load_head
 from ..machine.kernels import DTYPE_ROWS
 from ..machine.records import DraftKernelChoice
 from ..methods import DART_PLD, METHODS, PLD, VANILLA, uses_head
-from ..ngram import NGramModel
+from ..ngram import NGramError, NGramModel
 from ..formats.ngram_trie import read_trie
 from ..proposers import DartProposer, HeadDrafter, PromptLookupProposer, Proposer, VanillaProposer
 from ..target import TargetModel
@@ -154,6 +154,14 @@ def load_draft(spec: str | None, target: TargetModel, n_mask: int = 4, seed: int
     return head.to(device=target.device, dtype=target.dtype)
 
 
+def check_local_names(draft: str | None, ngram: str | None) -> None:
+    """Raise the error load_draft or load_ngram would, where `draft` or `ngram` names a path here that is missing."""
+    if draft not in (None, "", "default", "random") and not is_hub_id(draft):
+        head_folder(draft)
+    if ngram not in (None, "", "none", "default") and not is_hub_id(ngram) and not os.path.isfile(ngram):
+        raise NGramError(f"n-gram file not found: {ngram}")
+
+
 def load_ngram(spec: str | None, vocab_size: int | None = None) -> NGramModel | None:
     """'none' -> no n-gram term; 'default' -> the default model's table (shipped, cached, or built once);
     else an .npz file, or a .trie file of the DART authors (which has no vocabulary size: give the target's), or
@@ -179,9 +187,9 @@ class DraftSettings:
     """How the drafting methods draft: DART's tree search and its knobs, and prompt lookup's. A method reads what is
     its own (vanilla nothing, pld the pld_ fields) and ignores the rest."""
     search: SearchConfig = field(default_factory=SearchConfig)
-    auto_budget: bool = False           # DART's node budget chosen as the run goes (search.node_budget: where it starts)
+    auto_budget: bool = False           # DART's node budget chosen as the run goes (search.node_budget: its start)
     rechoose_every: int = RECHOOSE_EVERY   # verify steps between two choices of the automatic budget
-    lookup_tokens: int | None = None    # dart_pld's branch length (None: chosen with the automatic budget, else default)
+    lookup_tokens: int | None = None    # dart_pld's branch length (None: chosen by the automatic budget, else default)
     context_weight: float = 0.0         # > 0: the prompt's and the output's own n-grams join the table (ContextNGram)
     pld_tokens: int = PLD_TOKENS        # prompt lookup: tokens copied
     pld_ngram: int = PLD_NGRAM          # prompt lookup (and dart_pld's branch): the longest n-gram matched
@@ -279,6 +287,8 @@ def load(model: str = DEFAULT_MODEL, draft: str | None = "default", ngram: str |
     """Load the target and, with_head, the draft head and the n-gram table, all by name. random_fallback: when the
     default head is not shipped, a random (untrained) head stands in (`fell_back`) rather than an error (the app
     shows its pages anyway). target: one already loaded in `dtype` (only the head and the table are loaded)."""
+    if with_head:
+        check_local_names(draft, ngram)   # a mistyped path says so before the target loads (a minute the first time)
     target = target or load_target(model, device, dtype, recalibrate)
     dtype = dtype_name(target.dtype)
     if not with_head:
