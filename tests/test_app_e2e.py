@@ -26,8 +26,8 @@ pytestmark = pytest.mark.skipif(bool(WHY) and not os.environ.get("CI"),
                                 reason=f"end-to-end browser test skipped: {WHY}")
 
 MAX_NEW = 24
-LONG_RUN = 256    # tokens of the run that holds the model while a second page queues behind it, until Stop ends it
-                  # (a run of 48 could finish before the second page's Run arrived on an EPYC Zen 5)
+LONG_RUN = 512    # tokens of the run that holds the model while a second page queues behind it, until Stop ends it
+                  # (the most the page allows: 256 took 45 s here, and Stop may wait seconds for a busy browser)
 QUEUED_RUN = 8   # tokens of the second page's run: it only has to wait its turn and finish
 QUEUE_TEXT = re.compile(r"queue: (\d+)/(\d+)")   # Gradio's status on the queued page's lanes (with the wait)
 
