@@ -27,7 +27,9 @@ pytestmark = pytest.mark.skipif(bool(WHY) and not os.environ.get("CI"),
 
 MAX_NEW = 24
 LONG_RUN = 512    # tokens of the run that holds the model while a second page queues behind it, until Stop ends it
-                  # (the most the page allows: 256 took 45 s here, and Stop may wait seconds for a busy browser)
+                  # (the most the page allows: Stop may wait seconds for a busy browser)
+LONG_PROMPT = "Write a very long story about a dragon, at least two thousand words."   # greedy: past 512 tokens (the
+                  # other prompt's answer ends at 211, which a fast machine reaches before Stop)
 QUEUED_RUN = 8   # tokens of the second page's run: it only has to wait its turn and finish
 QUEUE_TEXT = re.compile(r"queue: (\d+)/(\d+)")   # Gradio's status on the queued page's lanes (with the wait)
 
@@ -152,7 +154,7 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
                 open_accordion(other, "Sampling")
                 set_slider(other, "max-new-tokens", QUEUED_RUN)
                 set_slider(drv, "max-new-tokens", LONG_RUN)
-                run_prompt(drv, "Write a Python function that adds two numbers.", wait=False)
+                run_prompt(drv, LONG_PROMPT, wait=False)
                 wait_for(drv, lambda d: lane_status(d, "dart").startswith("running"), 60, "the long run to run")
                 click(other, "#run-btn", "the second page's Run button")
                 queued = wait_for(other, lambda d: QUEUE_TEXT.search(d.find_element(By.CSS_SELECTOR, "#lanes").text),
