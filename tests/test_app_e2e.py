@@ -28,8 +28,9 @@ pytestmark = pytest.mark.skipif(bool(WHY) and not os.environ.get("CI"),
 MAX_NEW = 24
 LONG_RUN = 512    # tokens of the run that holds the model while a second page queues behind it, until Stop ends it
                   # (the most the page allows: Stop may wait seconds for a busy browser)
-LONG_PROMPT = "Write a very long story about a dragon, at least two thousand words."   # greedy: past 512 tokens (the
-                  # other prompt's answer ends at 211, which a fast machine reaches before Stop)
+# The long run's prompt: its greedy answer runs past 512 tokens (the first prompt's ends at 211, which a fast machine
+# could reach before Stop lands).
+LONG_PROMPT = "Write a very long story about a dragon, at least two thousand words."
 QUEUED_RUN = 8   # tokens of the second page's run: it only has to wait its turn and finish
 QUEUE_TEXT = re.compile(r"queue: (\d+)/(\d+)")   # Gradio's status on the queued page's lanes (with the wait)
 
