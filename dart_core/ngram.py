@@ -25,6 +25,10 @@ UNSEEN = 0  # matched context length reported for a token never seen after any s
 class NGramError(DartError):
     """An n-gram table that cannot be built or read."""
 
+    @classmethod
+    def not_found(cls, path) -> "NGramError":
+        return cls(f"n-gram file not found: {path}")
+
 
 def key_bits(vocab_size: int, order: int, where: str = "") -> int:
     """The bits a token takes in a packed key; an error (prefixed by `where`) if `order` of them do not fit in 64."""
@@ -143,7 +147,7 @@ class NGramModel:
                 keys = [data[f"keys{k + 1}"] for k in range(order)]
                 counts = [data[f"counts{k + 1}"] for k in range(order)]
         except FileNotFoundError:
-            raise NGramError(f"n-gram file not found: {path}") from None
+            raise NGramError.not_found(path) from None
         except Exception as exc:  # zip / pickle / key errors all mean the same thing to the user
             raise NGramError(f"{path} is not a valid n-gram file ({type(exc).__name__}: {exc})") from None
         for k in range(order):

@@ -48,7 +48,7 @@ from dart_core.formats.head_formats import save_authors
 from dart_core.lean_forward import CUDA, EAGER
 from dart_core.target import TargetModel
 from dart_core.training.records import minutes_trained
-from tests.train_fixtures import save_tiny_qwen3, write_chats
+from dart_core.setup.tiny_training import save_tiny_qwen3, write_chats
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,6 +3,7 @@
 - `hand_trace()`: a tiny DART trace written out by hand, so tests can assert exact nodes, colours and fates.
 - `tiny_traces()`: real runs of the tiny random target (plain, DART with an oracle drafter and an n-gram table,
   prompt lookup), with a fake id -> text map that includes HTML and code characters.
+- `tiny_engine()`: the app's engine around the tiny target; `run_request()`: a run's settings as the page sends them.
 """
 
 from __future__ import annotations
@@ -122,6 +123,16 @@ def tiny_engine(ngram: bool = True):
     target.tokenizer = CharTokenizer(target.vocab_size)
     return Engine(Loaded(target, random_head(target), tiny_ngram() if ngram else None, "tiny", "random",
                          "tiny" if ngram else "none", "cpu", "fp32"))
+
+
+# The page's settings for a short DART run on the tiny target: a run request is these, with any of them changed.
+RUN_DEFAULTS = dict(use_pld=False, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=12, seed=0, node_budget=12,
+                    beam_width=4, topk=6, ngram_weight=0.5, level_exponent=0.7, logit_decay=0.9)
+
+
+def run_request(prompt="abc", **over):
+    from app.request import RunRequest
+    return RunRequest.named(prompt, **dict(RUN_DEFAULTS, **over))
 
 
 def tiny_ngram() -> NGramModel:

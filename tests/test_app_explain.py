@@ -22,13 +22,12 @@ from dart_core.methods import LANE_ORDER, LANES
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer
 from dart_core.trace import RunSettings
-from dart_core.tree_search import KEPT, NODE_BUDGET, Candidates
+from dart_core.tree_search import KEPT, NODE_BUDGET, Candidates, SearchConfig
 from dart_core.views import figures
 from dart_core.views.figures import BONUS, NAMES, PRUNED, PRUNED_MORE, ROW_PX
 from dart_core.views.pruned_groups import ROOT, pruned_groups
 from tests.app_fixtures import tiny_traces
-from tests.test_forensics import CFG, NoisyDrafter
-from dart_core.setup.tiny_models import tiny_target
+from dart_core.setup.tiny_models import NoisyDrafter, tiny_target
 
 
 def hand_candidates(rows) -> Candidates:
@@ -127,11 +126,12 @@ def test_a_depth_with_nothing_drawn_shows_only_its_summary(big):
 @pytest.fixture(scope="module")
 def missing():
     """A greedy DART run of a blurred drafter (as tests/test_forensics.py builds it): it stops short often."""
+    search = SearchConfig(topk=8, beam_width=4, node_budget=4)
     target = tiny_target("llama", seed=9)
     rng = np.random.default_rng(0)
     table = NGramModel.build([rng.integers(3, 96, 400).tolist()], vocab_size=target.vocab_size, order=3)
-    trace = run(target, DartProposer(NoisyDrafter(target), CFG, table), [1, 4, 5, 6, 7, 8],
-                GenerationConfig(max_new_tokens=40), settings=RunSettings(search=CFG))
+    trace = run(target, DartProposer(NoisyDrafter(target), search, table), [1, 4, 5, 6, 7, 8],
+                GenerationConfig(max_new_tokens=40), settings=RunSettings(search=search))
     trace.token_text = {t: f" w{t}" for t in trace.mentioned_tokens()}
     return trace
 

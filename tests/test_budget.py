@@ -28,7 +28,7 @@ from dart_core.setup.loading import DraftSettings, Loaded
 from dart_core.trace import RunSettings
 from dart_core.views.figures import cost_figure
 from dart_core.tree_search import SearchConfig, search
-from tests.test_lean_forward import STEPS, lean_pair
+from tests.lean_pairs import STEPS, lean_pair
 from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, random_head, tiny_target
 
 FLAT = CostCurve((1, 64), (0.01, 0.01))            # nodes cost nothing: the largest tree is best

@@ -16,7 +16,7 @@ from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup.tiny_models import plain_greedy_reference, random_head, tiny_target
 from dart_core.setup.tiny_models import random_prompts as prompts
 from dart_core.tree_search import SearchConfig
-from tests.test_draft_native import HEAD_KINDS, head_of_kind
+from tests.head_kinds import HEAD_KINDS, head_of_kind
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from dart_core.proposers import DartProposer, Drafter, HeadDrafter
 from dart_core.setup.tiny_models import plain_greedy_reference, random_head, tiny_target
 from dart_core.target import TargetModel
 from dart_core.tree_search import SearchConfig
+from tests.head_kinds import HEAD_KINDS, head_of_kind
 
 
 @pytest.fixture(scope="module")
@@ -42,22 +43,6 @@ def rounded(head):
             if isinstance(module, torch.nn.Linear):
                 module.weight.copy_(module.weight.bfloat16().float())
     return out
-
-
-# every kind of head a drafting step must serve: its own output layer, tied to the target's, and one with standardized
-# features, a double norm and a draft vocabulary
-HEAD_KINDS = [dict(tie_output=False), dict(tie_output=True),
-              dict(tie_output=False, standardize_features=True, double_norm=True, draft_vocab_size=50)]
-
-
-def head_of_kind(target, overrides: dict):
-    """A random head of that kind, its feature statistics (where it standardizes) away from the identity."""
-    head = random_head(target, n_mask=3, seed=5, **overrides)
-    if head.config.standardize_features:
-        with torch.no_grad():
-            head.feature_mean.normal_(0, 0.5)
-            head.feature_std.uniform_(0.5, 2.0)
-    return head
 
 
 @pytest.mark.parametrize("tiles", ["off", "stand-in", "avx512-bf16"])

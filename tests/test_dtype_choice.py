@@ -20,7 +20,7 @@ from dart_core.setup.models import dtype_name
 from dart_core.tools.bench import parse_dtypes
 from dart_core.tree_search import SearchConfig
 from tests.q4_blocks import as_q4_1_model
-from tests.test_chat import PLAIN_TEMPLATE, qwen_style_tokenizer
+from dart_core.setup.tiny_training import word_tokenizer
 from dart_core.setup.tiny_models import OracleDrafter, tiny_target
 
 
@@ -69,7 +69,7 @@ def test_fast_loads_the_measured_dtype_and_auto_the_lossless_one(measured, tmp_p
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
     folder = tmp_path / "model"
     tiny_target("llama").model.save_pretrained(folder)
-    qwen_style_tokenizer(PLAIN_TEMPLATE).save_pretrained(folder)   # any tokenizer: loading needs one
+    word_tokenizer().save_pretrained(folder)   # any tokenizer: loading needs one
     fast = times((1.0, 2.0), (0.5, 1.0)) if measured == "bf16" else times((1.0, 2.0), (0.5, 5.0))
     monkeypatch.setattr(dtype_choice, "measure_dtypes", lambda linears, hardware, **_: fast)
     target = load_target(str(folder), "cpu", "fast", hardware=detect().without("few_rows"))
@@ -94,7 +94,7 @@ def test_fast_and_bf16_load_measure_and_decode_with_the_gated_kernels(dtype, cap
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
     folder = tmp_path / "model"
     tiny_target("llama").model.save_pretrained(folder)
-    qwen_style_tokenizer(PLAIN_TEMPLATE).save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
     target = load_target(str(folder), "cpu", dtype, hardware=capable)
     assert target.hardware == capable and dtype_name(target.dtype) in ("fp32", "bf16")
     if dtype == "fast" and target.forward_kind == "lean-native":     # our C layer decodes bf16 weights here
@@ -145,7 +145,7 @@ def test_batched_work_measures_at_its_own_rows_and_caches_apart(tmp_path, monkey
     120 anchor tokens/s, docs/training.md)."""
     from dart_core.machine.kernels import BATCH_ROWS
     from dart_core.tools.train import _load
-    from tests.train_fixtures import save_tiny_qwen3
+    from dart_core.setup.tiny_training import save_tiny_qwen3
 
     target = tiny_target("llama")
     seconds = measure_dtypes(decoder_linears(target.model), capable, rounds=1, rows_measured=BATCH_ROWS)

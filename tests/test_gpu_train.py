@@ -21,7 +21,7 @@ from dart_core.tree_search import SearchConfig
 from scripts import device_payload, gpu_train, learning_curve
 from dart_core.setup.tiny_models import plain_greedy_reference
 from dart_core.setup.tiny_models import random_prompts as prompts
-from tests.train_fixtures import SPECIAL, WORDS, save_tiny_qwen3, word_tokenizer
+from dart_core.setup.tiny_training import SPECIAL, WORDS, save_tiny_qwen3, word_tokenizer
 
 CONTENT = WORDS[len(SPECIAL):]
 

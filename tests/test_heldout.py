@@ -9,7 +9,7 @@ import pytest
 from dart_core.tools.args import CliError
 from dart_core.tools.train import split_heldout
 from dart_core.training import data
-from tests.train_fixtures import WORDS, SPECIAL, word_tokenizer
+from dart_core.setup.tiny_training import WORDS, SPECIAL, word_tokenizer
 
 CONTENT = WORDS[len(SPECIAL):]
 

@@ -10,8 +10,7 @@ from dart_core.decoding import GenerationConfig, run
 from dart_core.machine.kernels import measure_plan
 from dart_core import fixed_step
 from dart_core.fixed_step import FIXED_BUCKETS
-from dart_core.lean_forward import CUDA, EAGER, OFF, LeanForward, StaticKV
-from dart_core.machine import few_rows
+from dart_core.lean_forward import CUDA, EAGER, LeanForward, StaticKV
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
 from dart_core.setup import loading
@@ -19,29 +18,9 @@ from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, r
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
 from dart_core.setup.tiny_models import random_prompts as prompts
+from tests.lean_pairs import NATIVE, STEPS, lean_pair
 
 FAMILIES = ("llama", "qwen2", "qwen3")
-NATIVE = "native"   # the C layer (dart_core.lean_native), where this machine builds it
-STEPS = [NATIVE, OFF, EAGER]
-
-
-def lean_pair(family: str, seed: int = 3, graphs: str = OFF):
-    """The same tiny model twice: on transformers' forward, and on the lean one. graphs: NATIVE runs decode and
-    verify steps in our C layer, OFF as torch operations at their own shapes, EAGER at the fixed shapes a GPU
-    captures as graphs."""
-    plain, lean = tiny_target(family, seed=seed), tiny_target(family, seed=seed)
-    assert lean.use_lean() is None and plain.forward_kind == "transformers"
-    assert lean.lean.graphs == OFF    # on a CPU, unless asked
-    assert (lean.lean.native is not None) == lean.hardware.few_rows   # the C layer wherever it was built
-    assert lean.forward_kind == ("lean-native" if lean.hardware.few_rows else "lean")
-    if graphs == NATIVE:
-        assert lean.lean.native is not None or few_rows.why_not(lean.hardware.kind)
-    else:
-        lean.lean.native = None
-        lean.lean.graphs = graphs
-    return plain, lean
-
-
 def close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 

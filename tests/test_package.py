@@ -11,7 +11,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from tests.train_fixtures import save_tiny_qwen3, write_chats
+from dart_core.setup.tiny_training import save_tiny_qwen3, write_chats
 
 ROOT = Path(__file__).resolve().parents[1]
 APP_STACK = ("plotly", "pandas", "networkx", "gradio", "scipy")

@@ -20,7 +20,7 @@ from dart_core.ngram import NGramModel
 from dart_core.trace import StepRecord
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig, rescore, search
-from tests.test_miss_classes import PROMPT, ROOT, two_steps
+from tests.hand_misses import PROMPT, ROOT, two_steps
 
 CURVE = CostCurve((1, 5), (0.01, 0.03))     # t(k) = 0.01 + 0.005 (k - 1), the same line beyond 5
 

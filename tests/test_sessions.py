@@ -12,7 +12,7 @@ from app.callbacks import Callbacks
 from app.session import DEFAULT_MAX_SESSIONS, DEFAULT_TTL_S, MAX_ENV, TTL_ENV, SessionStore
 from dart_core.errors import ConfigError
 from tests.app_fixtures import tiny_engine
-from tests.test_app_callbacks import run_request
+from tests.app_fixtures import run_request
 
 
 class Clock:

@@ -543,10 +543,10 @@ def test_a_checkpoint_resumes_only_in_its_own_format(data, tmp_path):
 def test_generated_responses_are_greedy_resume_and_skip_prompts_answered_before(tmp_path, monkeypatch):
     from dart_core.formats.jsonl import JsonLines
     from dart_core.training.data import ResponseSettings, generate_responses, sharegpt_prompts
-    from tests.train_fixtures import _text, word_tokenizer
+    from dart_core.setup.tiny_training import random_text, word_tokenizer
 
     rng = random.Random(1)
-    convs = [[{"role": "user", "content": _text(rng, 3, 9)}, {"role": "assistant", "content": "w1"}]
+    convs = [[{"role": "user", "content": random_text(rng, 3, 9)}, {"role": "assistant", "content": "w1"}]
              for _ in range(7)]
     monkeypatch.setattr(data_mod, "iter_sharegpt", lambda: iter(convs))
     tok, target = word_tokenizer(), tiny_target("qwen3", vocab=96, seed=4)

@@ -16,7 +16,7 @@ from dart_core.tools.cli import main
 from dart_core.tree_search import SearchConfig
 from tests.authors_format import THEIR_KEYS, read_authors_head, their_draft, their_features
 from dart_core.setup.tiny_models import random_prompts as prompts
-from tests.train_fixtures import save_tiny_qwen3, write_chats
+from dart_core.setup.tiny_training import save_tiny_qwen3, write_chats
 
 STEPS = 4
 

@@ -11,7 +11,7 @@ from dart_core.tools.cli import main
 from dart_core.training import data
 from dart_core.training.trainer import TrainConfig, Trainer
 from scripts.learning_curve import run_points
-from tests.train_fixtures import save_tiny_qwen3, write_chats
+from dart_core.setup.tiny_training import save_tiny_qwen3, write_chats
 
 
 def test_the_rate_holds_until_the_last_decay_steps_then_anneals_to_the_floor(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from dart_core.tools.cli import main
 from dart_core.training.chats import TrainingDataError, chat_file_records, read_chats
-from tests.train_fixtures import WORDS, save_tiny_qwen3, word_tokenizer, write_chats
+from dart_core.setup.tiny_training import WORDS, save_tiny_qwen3, word_tokenizer, write_chats
 
 
 def words(ids):

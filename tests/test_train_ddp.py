@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.train_fixtures import save_tiny_qwen3, write_chats
+from dart_core.setup.tiny_training import save_tiny_qwen3, write_chats
 
 ROOT = Path(__file__).resolve().parent.parent
 # Measured: 5e-6 at most after 3 steps (the gradients summed in another order); the weights move about 1e-2.

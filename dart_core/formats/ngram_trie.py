@@ -77,7 +77,7 @@ def read_trie(path, vocab_size: int | None = None, progress: bool = False) -> NG
     try:
         fh = open(path, "rb")
     except FileNotFoundError:
-        raise NGramError(f"n-gram file not found: {path}") from None
+        raise NGramError.not_found(path) from None
     except OSError as exc:
         raise NGramError(f"cannot read {path}: {exc.strerror or exc}") from None
     with fh:

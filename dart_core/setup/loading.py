@@ -159,7 +159,7 @@ def check_local_names(draft: str | None, ngram: str | None) -> None:
     if draft not in (None, "", "default", "random") and not is_hub_id(draft):
         head_folder(draft)
     if ngram not in (None, "", "none", "default") and not is_hub_id(ngram) and not os.path.isfile(ngram):
-        raise NGramError(f"n-gram file not found: {ngram}")
+        raise NGramError.not_found(ngram)
 
 
 def load_ngram(spec: str | None, vocab_size: int | None = None) -> NGramModel | None:

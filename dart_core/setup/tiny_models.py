@@ -89,6 +89,18 @@ class TargetDrafter(Drafter):
         return self._rows[key]
 
 
+class NoisyDrafter(TargetDrafter):
+    """The target's own rows blurred by seeded noise: the wanted token lands at all sorts of ranks."""
+
+    def __init__(self, target, n_rows=3, noise=4.0):
+        super().__init__(target, n_rows)
+        self.gen, self.noise = torch.Generator().manual_seed(0), noise
+
+    def draft(self, context, new_features):
+        rows = super().draft(context, new_features)
+        return rows + self.noise * torch.randn(rows.shape, generator=self.gen)
+
+
 def plain_greedy_reference(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
                            stop_ids=frozenset()) -> list[int]:
     """Token-by-token greedy decoding with transformers' own cache handling (the lossless yardstick in tests)."""

@@ -1,6 +1,6 @@
 """A tiny Qwen3 target saved as a transformers folder (random weights, a word-level tokenizer with a Qwen3-style
 chat template and its thinking switch) and a file of chats for it: what `python -m dart_core train --model DIR
---chats FILE` needs, built in the tests (no downloads)."""
+--chats FILE` needs, built without downloads. The tests and the device check train on them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from dart_core.setup.tiny_models import tiny_target
+from .tiny_models import tiny_target
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "system", "user", "assistant"]
 VOCAB = 96
@@ -46,7 +46,8 @@ def save_tiny_qwen3(folder, seed: int = 5):
     return target
 
 
-def _text(rng: random.Random, low: int, high: int) -> str:
+def random_text(rng: random.Random, low: int, high: int) -> str:
+    """low to high words of the tiny vocabulary, none of them special."""
     return " ".join(rng.choice(WORDS[len(SPECIAL):]) for _ in range(rng.randint(low, high)))
 
 
@@ -56,11 +57,11 @@ def write_chats(path, n: int, seed: int = 0) -> Path:
     rng = random.Random(seed)
     lines = []
     for i in range(n):
-        turns = [("user", _text(rng, 3, 8)), ("assistant", _text(rng, 12, 30))]
+        turns = [("user", random_text(rng, 3, 8)), ("assistant", random_text(rng, 12, 30))]
         if i % 3 == 1:
-            turns = [("system", _text(rng, 2, 4)), *turns]
+            turns = [("system", random_text(rng, 2, 4)), *turns]
         if i % 5 == 2:
-            turns += [("user", _text(rng, 2, 5)), ("assistant", _text(rng, 8, 16))]
+            turns += [("user", random_text(rng, 2, 5)), ("assistant", random_text(rng, 8, 16))]
         if i % 4 == 3:
             names = {"user": "human", "assistant": "gpt", "system": "system"}
             lines.append({"conversations": [{"from": names[r], "value": t} for r, t in turns]})
