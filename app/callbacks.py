@@ -14,7 +14,10 @@ import inspect
 import logging
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -43,7 +46,7 @@ LANE_OUTPUTS = {key: f"lane_{key}" for key in LANE_ORDER}
 STEP_OUTPUTS = ("step", "step_info", "tree", "table", "heatmap")
 CHART_OUTPUTS = ("chart_accept", "chart_position", "chart_time", "chart_cost", "chart_missed")
 WHATIF_OUTPUTS = tuple(f"wi_{name}" for name in TREE_KNOB_NAMES)   # what-if's inputs: the tree knobs
-CHART_EVERY = 4          # refresh the run charts every this many steps of the viewed lane while generating
+END_WAIT_S = 30   # Stop and Clear wait at most this long for a run's step in flight
 MAX_TRACE_BYTES = 64 << 20
 NOTHING_TO_ANIMATE = "Run a prompt or upload a trace first: there is no run to animate yet."
 
@@ -83,9 +86,22 @@ def session_event(tell: bool = True):
     return wrap
 
 
+@dataclass(frozen=True)
+class Pace:
+    """How often a running run's view goes to the page, in seconds. A fast engine makes hundreds of steps a second,
+    and a page redrawn that often is too busy to answer a click on Stop: so an update at most every `frame_s` (and
+    one as each lane ends), with the step view (tree, table, draft rows) and the charts, which cost the browser most,
+    at most every `tree_s` and `chart_s`."""
+    frame_s: float = 0.25
+    tree_s: float = 1.0
+    chart_s: float = 2.0
+
+
 class Callbacks:
-    def __init__(self, engine: Engine, trace_dir: str | Path | None = None, sessions: SessionStore | None = None):
+    def __init__(self, engine: Engine, trace_dir: str | Path | None = None, sessions: SessionStore | None = None,
+                 pace: Pace = Pace()):
         self.engine = engine
+        self.pace = pace
         self.trace_dir = Path(trace_dir) if trace_dir else Path(tempfile.gettempdir()) / "dart-lab-traces"
         self.sessions = sessions or SessionStore()
 
@@ -293,47 +309,70 @@ class Callbacks:
         except DartError as exc:
             yield {"state": session, **warn(str(exc))}
             return
-        keys = [lane.key for lane in lanes]
         session.new_run(lanes)
-        session.running = True
-        stop = session.stop
+        session.running, session.run_ended = True, threading.Event()
+        stop, ended = session.stop, session.run_ended
         view_key = DART
         yield {**self.full_view(session, show_pruned), "message": "", "run_btn": gr.update(interactive=False),
                "downloads": None}
-        counts = dict.fromkeys(keys, 0)
+        stepped, messages, new_step = [], {}, False
+        sent, tree_at, charts_at = time.monotonic(), 0.0, 0.0
         try:
             for lane, step in round_robin(lanes, stop, self.engine.lock):
-                out = {LANE_OUTPUTS[lane.key]: self.lane_card(session, lane.key)}
-                if lane.key == VANILLA and DART in session.lanes:  # DART's speedup depends on plain's rate
-                    out[LANE_OUTPUTS[DART]] = self.lane_card(session, DART)
+                if lane.key not in stepped:
+                    stepped.append(lane.key)
+                new_step |= step is not None and lane.key == view_key   # the viewed lane's step not shown yet
                 if lane.status == ERROR:
-                    out.update(warn(f"{LANES[lane.key].title} failed: {lane.error}"))
-                counts[lane.key] += 1
-                if step is not None and lane.key == view_key:
-                    if session.follow:
-                        out.update(self.step_view(session, view_key, step.index, show_pruned))
-                    else:
-                        out["step"] = gr.update(maximum=max(len(lane.trace.steps) - 1, 1))
-                    if counts[lane.key] % CHART_EVERY == 0:
-                        out.update(self.charts(session, view_key))
-                out["summary"] = self.summary(session)
-                yield out
+                    messages.update(warn(f"{LANES[lane.key].title} failed: {lane.error}"))
+                now = time.monotonic()
+                if stop.is_set() or (not lane.finished and now - sent < self.pace.frame_s):
+                    continue   # after Stop or Clear no update (theirs is the last), and round_robin ends the lanes
+                tree = new_step and (lane.finished or now - tree_at >= self.pace.tree_s)
+                charts = now - charts_at >= self.pace.chart_s
+                yield {**self.frame_view(session, stepped, view_key, show_pruned, tree, charts), **messages}
+                stepped, messages, sent, new_step = [], {}, now, new_step and not tree
+                tree_at, charts_at = (now if tree else tree_at), (now if charts else charts_at)
         finally:
             self.sessions.touch(session)   # idle from the end of the run, not from its start
             session.running = False
+            ended.set()   # every update of the run was sent (the page asked for the next) or dropped by a cancel
         if stop.is_set():
             return  # the Stop or Clear handler shows the final state
         yield {**self.full_view(session, show_pruned, keep_step=not session.follow),
                "run_btn": gr.update(interactive=True), **self.whatif_knobs(session)}
 
-    @session_event()
-    def stop(self, session: Session, show_pruned=False) -> dict:
-        """Stop the run (the run event is also cancelled): the current step finishes, no further step starts."""
+    def frame_view(self, session: Session, stepped: list[str], view_key: str, show_pruned: bool, tree: bool,
+                   charts: bool) -> dict:
+        """A running run's update: the cards of the lanes that `stepped` since the last one, the summary; with `tree`
+        the viewed lane's newest step (unless the user picked another: then only the slider's end moves), with
+        `charts` the run charts."""
+        keys = list(stepped)
+        if VANILLA in keys and DART in session.lanes and DART not in keys:   # DART's speedup depends on plain's rate
+            keys.append(DART)
+        out = {LANE_OUTPUTS[key]: self.lane_card(session, key) for key in keys}
+        newest = len(session.lane(view_key).trace.steps) - 1
+        if not session.follow:
+            out["step"] = gr.update(maximum=max(newest, 1))
+        elif tree and newest >= 0:
+            out.update(self.step_view(session, view_key, newest, show_pruned))
+        if charts:
+            out.update(self.charts(session, view_key))
+        return {**out, "summary": self.summary(session)}
+
+    def end_run(self, session: Session) -> bool:
+        """Stop the session's run, if one runs, and wait until it has ended (True if one ran). It ends after its step
+        in flight without another update, or when the page's cancel closes it; either way every update it made was
+        sent or dropped by then, so none can reach the page after the view the caller returns."""
         was_running = session.running
         session.stop.set()
-        # Wait for the step in flight (it holds the engine lock), so the view shows every step that was made.
-        if self.engine.lock.acquire(timeout=30):
-            self.engine.lock.release()
+        if was_running and not session.run_ended.wait(END_WAIT_S):
+            log.warning("a stopped run did not end within %s s", END_WAIT_S)
+        return was_running
+
+    @session_event()
+    def stop(self, session: Session, show_pruned=False) -> dict:
+        """Stop the run: the current step finishes, no further step starts; the view shows every step made."""
+        was_running = self.end_run(session)
         for lane in session.lanes.values():
             if lane.status not in (DONE, ERROR) and not lane.finished:
                 lane.status = STOPPED
@@ -345,7 +384,7 @@ class Callbacks:
 
     @session_event(tell=False)
     def clear(self, session: Session) -> dict:
-        session.stop.set()
+        self.end_run(session)
         session.new_run([])
         session.running = False
         empty = figures.message_figure("Run a prompt or upload a trace to see its steps.")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import gradio as gr
 import pytest
 
-from app.callbacks import Callbacks
+from app.callbacks import Callbacks, Pace
 from app.engine import Engine
 from app.lanes import DONE, REPLAY, STOPPED, Lane, replay_lane, round_robin, why_slower
 from app.options import MAX_PROMPT_CHARS
@@ -23,14 +24,7 @@ from dart_core.trace import Trace
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
 from dart_core.views.animation import FRAME_MS
-from tests.app_fixtures import hand_ngram, hand_trace, tiny_engine, tiny_traces
-
-DEFAULTS = dict(use_pld=False, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=12, seed=0, node_budget=12,
-                beam_width=4, topk=6, ngram_weight=0.5, level_exponent=0.7, logit_decay=0.9)
-
-
-def run_request(prompt="abc", **over) -> RunRequest:
-    return RunRequest.named(prompt, **dict(DEFAULTS, **over))
+from tests.app_fixtures import hand_ngram, hand_trace, run_request, tiny_engine, tiny_traces
 
 
 def knobs(node_budget, beam_width, topk, ngram_weight=0.5, level_exponent=0.7, logit_decay=0.9) -> dict:
@@ -44,9 +38,12 @@ def engine():
     return tiny_engine()
 
 
+EVERY_STEP = Pace(frame_s=0, tree_s=0, chart_s=0.5)   # an update for every step, with its tree
+
+
 @pytest.fixture
 def cb(engine, tmp_path):
-    return Callbacks(engine, tmp_path)
+    return Callbacks(engine, tmp_path, pace=EVERY_STEP)
 
 
 def run_all(cb, session, request: RunRequest):
@@ -85,18 +82,67 @@ def test_run_streams_lanes_round_robin_and_finishes(cb):
     assert all(t in saved["dart"].token_text for t in saved["dart"].mentioned_tokens())   # replayable alone
 
 
+def test_a_fast_run_is_sent_in_frames_and_whenever_a_lane_ends(engine, tmp_path):
+    """Steps made within one frame time go to the page as one update: here (a frame of an hour) the run's start, one
+    update as each lane ends, carrying every lane that stepped since the last and the newest DART step's tree, and
+    the final view."""
+    session = Session()
+    updates = run_all(Callbacks(engine, tmp_path, pace=Pace(frame_s=3600)), session, run_request("hello", use_pld=True))
+    lanes = session.lanes
+    assert all(lane.status == DONE for lane in lanes.values())
+    frames = updates[1:-1]
+    assert len(frames) == len(lanes) == 3
+    assert {"lane_vanilla", "lane_dart", "lane_pld", "tree", "summary"} <= frames[0].keys()
+    shown = [u["step"]["value"] for u in frames if "step" in u]
+    assert shown == sorted(shown) and shown[-1] == len(lanes["dart"].trace.steps) - 1
+    assert 'data-status="done · token limit"' in updates[-1]["lane_dart"]
+
+
+def press_stop(cb, session, run, cancel: bool = False) -> tuple[dict, list]:
+    """Stop pressed while `run` (suspended after an update) runs. Stop waits for the run to end, which the page's
+    event loop drives on (here: this thread), or closes with `cancel` (as the page's cancel of the run event does).
+    Returns Stop's view and the run's updates after it."""
+    out = []
+    stopper = threading.Thread(target=lambda: out.append(cb.stop(session)))
+    stopper.start()
+    while not session.stop.is_set():
+        time.sleep(0.001)
+    if cancel:
+        run.close()
+        rest = []
+    else:
+        rest = list(run)
+    stopper.join(10)
+    assert not stopper.is_alive()
+    return out[0], rest
+
+
 def test_stop_ends_within_one_step(cb):
     session = Session()
     gen = cb.run(session, run_request("stop me", max_new_tokens=40))
     for _ in range(4):       # the initial view, then three lane steps
         next(gen)
     made = {k: len(lane.trace.steps) for k, lane in session.lanes.items()}
-    out = cb.stop(session)
-    assert list(gen) == []   # the run ends at once: no further step, no further update
+    out, rest = press_stop(cb, session, gen)
+    assert rest == []        # the run ends at once: no further step, no further update
     assert {k: len(lane.trace.steps) for k, lane in session.lanes.items()} == made
     assert all(lane.status == STOPPED for lane in session.lanes.values())
     assert "Stopped" in out["message"] and out["downloads"]
     assert out["step"]["maximum"] >= 1
+
+
+def test_stop_waits_for_a_run_the_page_cancelled_and_shows_it_stopped(cb):
+    """The page also cancels the run's event, which closes the run where it waits after an update: Stop then shows
+    the lanes stopped at once, not after its wait."""
+    session = Session()
+    gen = cb.run(session, run_request("stop me", max_new_tokens=40))
+    for _ in range(3):
+        next(gen)
+    started = time.monotonic()
+    out, _ = press_stop(cb, session, gen, cancel=True)
+    assert time.monotonic() - started < 5 and session.run_ended.is_set() and not session.running
+    assert all(lane.status == STOPPED for lane in session.lanes.values())
+    assert 'data-status="stopped' in out["lane_dart"] and "Stopped" in out["message"]
 
 
 def test_round_robin_stop_flag_and_lane_errors(engine):
@@ -211,9 +257,8 @@ def test_follow_newest_step_while_generating(cb):
     later = [next(gen) for _ in range(4)]
     assert not any("tree" in u for u in later)
     assert any("step" in u and "value" not in u["step"] for u in later)   # only the slider's range grows
-    out = cb.stop(session)
+    out, _ = press_stop(cb, session, gen)
     assert "tree" not in out and "value" not in out["step"]                 # the picked step stays in view
-    list(gen)
 
 
 # ---------------------------------------------------------------------------------------------- replay

@@ -9,20 +9,20 @@ import time
 
 from scripts.app_server import serve_app
 from scripts.soak import soak
-from tests.test_chat import PLAIN_TEMPLATE, qwen_style_tokenizer
+from dart_core.setup.tiny_training import word_tokenizer
 from dart_core.setup.tiny_models import tiny_target
 
 # Twelve visitors are three times the sessions held and more than the bound on Gradio's pages (2 * MAX_HELD + 1), so
-# anything kept per visitor breaks a bound. Five new tokens take the DART lane (a random head: about a token a step)
-# past its fourth step, where its charts refresh while it runs (app.callbacks.CHART_EVERY), as in longer runs; the
-# app's time per visitor grows with the tokens (about 0.1 s each here).
+# anything kept per visitor breaks a bound. Five new tokens make a run of about a second (about 0.1 s a token here):
+# several updates of the page (app.callbacks.Pace), the first with its charts and trees, as in longer runs; the app's
+# time per visitor grows with the tokens.
 TTL_S, MAX_HELD, VISITORS, NEW_TOKENS = 3, 4, 12, 5
 
 
 def test_what_the_app_holds_stays_bounded_and_is_given_back(tmp_path, report):
     model = tmp_path / "model"
     tiny_target("llama").model.save_pretrained(model)
-    qwen_style_tokenizer(PLAIN_TEMPLATE).save_pretrained(model)
+    word_tokenizer().save_pretrained(model)
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = {"TMPDIR": str(temp), "GRADIO_TEMP_DIR": str(temp / "gradio"), "DART_CACHE_DIR": str(tmp_path / "cache"),
