@@ -91,10 +91,12 @@ class Pace:
     """How often a running run's view goes to the page, in seconds. A fast engine makes hundreds of steps a second,
     and a page redrawn that often is too busy to answer a click on Stop: so an update at most every `frame_s` (and
     one as each lane ends), with the step view (tree, table, draft rows) and the charts, which cost the browser most,
-    at most every `tree_s` and `chart_s`."""
+    at most every `tree_s` and `chart_s`. Building the updates takes at most `busy_share` of the run's time (the
+    charts of a long run take seconds): the next update waits until then."""
     frame_s: float = 0.25
     tree_s: float = 1.0
     chart_s: float = 2.0
+    busy_share: float = 0.2
 
 
 class Callbacks:
@@ -205,7 +207,7 @@ class Callbacks:
                 "chart_cost": figures.cost_figure(dart.trace if (dart := session.lanes.get(DART)) else None),
                 # the search replays (n-gram weight, beam width) wait for the run's end: streaming stays fluid
                 "chart_missed": figures.misses_figure(dart.trace if dart else None, self.engine.ngram,
-                                                      replay=bool(dart and dart.finished))}
+                                                      replay=bool(dart and dart.finished and not session.running))}
 
     def lane_pick(self, session: Session, key: str | None = None) -> dict:
         keys = list(session.lanes)
@@ -316,7 +318,7 @@ class Callbacks:
         yield {**self.full_view(session, show_pruned), "message": "", "run_btn": gr.update(interactive=False),
                "downloads": None}
         stepped, messages, new_step = [], {}, False
-        sent, tree_at, charts_at = time.monotonic(), 0.0, 0.0
+        sent, gap, tree_at, charts_at = time.monotonic(), self.pace.frame_s, 0.0, 0.0
         try:
             for lane, step in round_robin(lanes, stop, self.engine.lock):
                 if lane.key not in stepped:
@@ -325,11 +327,14 @@ class Callbacks:
                 if lane.status == ERROR:
                     messages.update(warn(f"{LANES[lane.key].title} failed: {lane.error}"))
                 now = time.monotonic()
-                if stop.is_set() or (not lane.finished and now - sent < self.pace.frame_s):
+                if stop.is_set() or (not lane.finished and now - sent < gap):
                     continue   # after Stop or Clear no update (theirs is the last), and round_robin ends the lanes
                 tree = new_step and (lane.finished or now - tree_at >= self.pace.tree_s)
                 charts = now - charts_at >= self.pace.chart_s
-                yield {**self.frame_view(session, stepped, view_key, show_pruned, tree, charts), **messages}
+                view = {**self.frame_view(session, stepped, view_key, show_pruned, tree, charts), **messages}
+                built = time.monotonic() - now
+                gap = max(self.pace.frame_s, built * (1 / self.pace.busy_share - 1))
+                yield view
                 stepped, messages, sent, new_step = [], {}, now, new_step and not tree
                 tree_at, charts_at = (now if tree else tree_at), (now if charts else charts_at)
         finally:

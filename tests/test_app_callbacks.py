@@ -38,7 +38,7 @@ def engine():
     return tiny_engine()
 
 
-EVERY_STEP = Pace(frame_s=0, tree_s=0, chart_s=0.5)   # an update for every step, with its tree
+EVERY_STEP = Pace(frame_s=0, tree_s=0, chart_s=0.5, busy_share=1)   # an update for every step, with its tree
 
 
 @pytest.fixture
@@ -115,6 +115,16 @@ def press_stop(cb, session, run, cancel: bool = False) -> tuple[dict, list]:
     stopper.join(10)
     assert not stopper.is_alive()
     return out[0], rest
+
+
+def test_updates_that_take_long_to_build_come_further_apart(engine, tmp_path):
+    """However short the frame time, building the updates takes at most `busy_share` of the run: with a tiny share,
+    after the first step's update only the lanes' ends and the final view go out."""
+    session = Session()
+    updates = run_all(Callbacks(engine, tmp_path, pace=Pace(frame_s=0, busy_share=1e-6)), session,
+                      run_request("hello", use_pld=True))
+    assert len(session.lanes["dart"].trace.steps) > 6
+    assert len(updates) == 1 + 1 + len(session.lanes) + 1
 
 
 def test_stop_ends_within_one_step(cb):
