@@ -17,7 +17,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -37,6 +36,7 @@ from dart_core.views.text_render import lane_html, lane_text_html, token_text
 from .engine import Engine, EngineError
 from .lanes import DONE, ERROR, STOPPED, Lane, lane_stats, lane_status_text, replay_lane, round_robin, why_slower
 from .options import TREE_KNOB_NAMES, OptionError, check_knob, check_prompt, sampling_from, search_from
+from .pacing import Pace, Pacer
 from .request import RunRequest
 from .session import Session, SessionStore, freed_text
 
@@ -84,19 +84,6 @@ def session_event(tell: bool = True):
             return out
         return call
     return wrap
-
-
-@dataclass(frozen=True)
-class Pace:
-    """How often a running run's view goes to the page, in seconds. A fast engine makes hundreds of steps a second,
-    and a page redrawn that often is too busy to answer a click on Stop: so an update at most every `frame_s` (and
-    one as each lane ends), with the step view (tree, table, draft rows) and the charts, which cost the browser most,
-    at most every `tree_s` and `chart_s`. Building the updates takes at most `busy_share` of the run's time (the
-    charts of a long run take seconds): the next update waits until then."""
-    frame_s: float = 0.25
-    tree_s: float = 1.0
-    chart_s: float = 2.0
-    busy_share: float = 0.2
 
 
 class Callbacks:
@@ -317,8 +304,7 @@ class Callbacks:
         view_key = DART
         yield {**self.full_view(session, show_pruned), "message": "", "run_btn": gr.update(interactive=False),
                "downloads": None}
-        stepped, messages, new_step = [], {}, False
-        sent, gap, tree_at, charts_at = time.monotonic(), self.pace.frame_s, 0.0, 0.0
+        pacer, stepped, messages, new_step = Pacer(self.pace), [], {}, False
         try:
             for lane, step in round_robin(lanes, stop, self.engine.lock):
                 if lane.key not in stepped:
@@ -327,16 +313,13 @@ class Callbacks:
                 if lane.status == ERROR:
                     messages.update(warn(f"{LANES[lane.key].title} failed: {lane.error}"))
                 now = time.monotonic()
-                if stop.is_set() or (not lane.finished and now - sent < gap):
+                if stop.is_set() or not pacer.due(now, lane.finished):
                     continue   # after Stop or Clear no update (theirs is the last), and round_robin ends the lanes
-                tree = new_step and (lane.finished or now - tree_at >= self.pace.tree_s)
-                charts = now - charts_at >= self.pace.chart_s
+                tree, charts = new_step and pacer.tree_due(now, lane.finished), pacer.charts_due(now)
                 view = {**self.frame_view(session, stepped, view_key, show_pruned, tree, charts), **messages}
-                built = time.monotonic() - now
-                gap = max(self.pace.frame_s, built * (1 / self.pace.busy_share - 1))
+                pacer.sent(now, tree, charts)
                 yield view
-                stepped, messages, sent, new_step = [], {}, now, new_step and not tree
-                tree_at, charts_at = (now if tree else tree_at), (now if charts else charts_at)
+                stepped, messages, new_step = [], {}, new_step and not tree
         finally:
             self.sessions.touch(session)   # idle from the end of the run, not from its start
             session.running = False

@@ -10,10 +10,11 @@ import time
 import gradio as gr
 import pytest
 
-from app.callbacks import Callbacks, Pace
+from app.callbacks import Callbacks
 from app.engine import Engine
 from app.lanes import DONE, REPLAY, STOPPED, Lane, replay_lane, round_robin, why_slower
 from app.options import MAX_PROMPT_CHARS
+from app.pacing import Pace
 from app.request import RUN_FIELDS, RunRequest
 from app.session import Session
 from dart_core.acceptance import SamplingConfig

@@ -14,7 +14,7 @@ from dart_core.setup.tiny_models import tiny_target
 
 # Twelve visitors are three times the sessions held and more than the bound on Gradio's pages (2 * MAX_HELD + 1), so
 # anything kept per visitor breaks a bound. Five new tokens make a run of about a second (about 0.1 s a token here):
-# several updates of the page (app.callbacks.Pace), the first with its charts and trees, as in longer runs; the app's
+# several updates of the page (app.pacing.Pace), the first with its charts and trees, as in longer runs; the app's
 # time per visitor grows with the tokens.
 TTL_S, MAX_HELD, VISITORS, NEW_TOKENS = 3, 4, 12, 5
 
