@@ -33,7 +33,9 @@ DEFAULT_MAX_SESSIONS = 64
 TTL_ENV, MAX_ENV = "DART_LAB_SESSION_TTL", "DART_LAB_MAX_SESSIONS"
 
 
-def _set(event: threading.Event) -> threading.Event:
+def _ended() -> threading.Event:
+    """A session's run_ended before its first run: set, as no run is going."""
+    event = threading.Event()
     event.set()
     return event
 
@@ -44,7 +46,7 @@ class Session:
     stop: threading.Event = field(default_factory=threading.Event)
     follow: bool = True          # the step view follows the newest step while generating
     running: bool = False
-    run_ended: threading.Event = field(default_factory=lambda: _set(threading.Event()))   # its last update sent
+    run_ended: threading.Event = field(default_factory=_ended)   # set once the run has sent its last update
     trace_folder: str | None = None  # where the latest downloadable traces were written (one folder per session)
     report_folder: str | None = None  # where the latest exported HTML report was written
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
