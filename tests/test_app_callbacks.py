@@ -24,6 +24,7 @@ from dart_core.setup.loading import DraftSettings
 from dart_core.trace import Trace
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
+from dart_core.views import figures
 from dart_core.views.animation import FRAME_MS
 from tests.app_fixtures import hand_ngram, hand_trace, run_request, tiny_engine, tiny_traces
 
@@ -126,6 +127,19 @@ def test_updates_that_take_long_to_build_come_further_apart(engine, tmp_path):
                       run_request("hello", use_pld=True))
     assert len(session.lanes["dart"].trace.steps) > 6
     assert len(updates) == 1 + 1 + len(session.lanes) + 1
+
+
+def test_the_missed_token_chart_replays_the_search_only_once_the_run_is_over(engine, tmp_path, monkeypatch):
+    """Its replays take seconds on a long run: while any lane still runs (DART's may have ended) the chart is drawn
+    without them, and the final view draws it with them."""
+    calls = []
+    misses_figure = figures.misses_figure
+    monkeypatch.setattr(figures, "misses_figure", lambda *a, replay=True, **k: calls.append(replay) or
+                        misses_figure(*a, replay=False, **k))
+    session = Session()
+    cb = Callbacks(engine, tmp_path, pace=Pace(frame_s=0, tree_s=0, chart_s=0, busy_share=1))
+    updates = run_all(cb, session, run_request("hello", use_pld=True, max_new_tokens=8))
+    assert len(calls) == len(updates) and calls[-1] is True and not any(calls[:-1])
 
 
 def test_stop_ends_within_one_step(cb):
