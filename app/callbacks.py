@@ -299,8 +299,8 @@ class Callbacks:
             yield {"state": session, **warn(str(exc))}
             return
         session.new_run(lanes)
-        session.running, session.run_ended = True, threading.Event()
-        stop, ended = session.stop, session.run_ended
+        session.run_ended = ended = threading.Event()   # a run's own: one that outlives its Stop cannot end the next
+        stop = session.stop
         view_key = DART
         yield {**self.full_view(session, show_pruned), "message": "", "run_btn": gr.update(interactive=False),
                "downloads": None}
@@ -322,8 +322,7 @@ class Callbacks:
                 stepped, messages, new_step = [], {}, new_step and not tree
         finally:
             self.sessions.touch(session)   # idle from the end of the run, not from its start
-            session.running = False
-            ended.set()   # every update of the run was sent (the page asked for the next) or dropped by a cancel
+            ended.set()   # not running: every update of the run was sent (the page asked for the next) or dropped
         if stop.is_set():
             return  # the Stop or Clear handler shows the final state
         yield {**self.full_view(session, show_pruned, keep_step=not session.follow),

@@ -45,13 +45,23 @@ class Session:
     lanes: dict[str, Lane] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
     follow: bool = True          # the step view follows the newest step while generating
-    running: bool = False
-    run_ended: threading.Event = field(default_factory=_ended)   # set once the run has sent its last update
+    run_ended: threading.Event = field(default_factory=_ended)   # clear while a run goes (running)
     trace_folder: str | None = None  # where the latest downloadable traces were written (one folder per session)
     report_folder: str | None = None  # where the latest exported HTML report was written
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
     last_used: float = field(default_factory=time.monotonic)
     freed: str = ""              # why the store freed it ("" while it is held)
+
+    @property
+    def running(self) -> bool:
+        return not self.run_ended.is_set()
+
+    @running.setter
+    def running(self, value: bool) -> None:
+        if value:
+            self.run_ended.clear()
+        else:
+            self.run_ended.set()
 
     def new_run(self, lanes: list[Lane]) -> None:
         """Replace the lanes; the previous run (if any still runs) keeps its own stop flag, now set."""
