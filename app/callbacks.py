@@ -361,7 +361,7 @@ class Callbacks:
         """Stop the run: the current step finishes, no further step starts; the view shows every step made."""
         was_running = self.end_run(session)
         for lane in session.lanes.values():
-            if lane.status not in (DONE, ERROR) and not lane.finished:
+            if not lane.finished:
                 lane.status = STOPPED
         session.running = False
         return {**self.full_view(session, show_pruned, keep_step=not session.follow),
