@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from . import fixed_step
 from .draft_head import DraftHead, rope
 from .fixed_step import block_or_causal, fill_mask
-from .lean_forward import CUDA, EAGER, StaticKV
+from .lean_forward import CUDA, EAGER, FIXED_CAPACITY, StaticKV
 
 BUCKETS = (1, 2, 4, 8, 16)   # new positions a step is padded to; more (the prompt's) run eagerly at their own shape
 
@@ -41,11 +41,11 @@ class _Bucket:
 
 class FixedDraft:
     """The head's drafting steps at fixed shapes, a bucket each, over one cache: the target's kind of static cache
-    (dart_core.lean_forward.StaticKV) with one layer. Its graphs read the cache's tensor: a grown one captures them
-    again."""
+    (dart_core.lean_forward.StaticKV) with one layer. Its graphs read the cache's tensor: they are captured all at once
+    when the cache is made, and again when it grows (as the target's are, dart_core.fixed_step)."""
 
     def __init__(self, head: DraftHead, out_weight: torch.Tensor | None, output=None, graphs: str = EAGER,
-                 capacity: int = 256):
+                 capacity: int = FIXED_CAPACITY):
         self.head, self.out_weight, self.output, self.graphs = head, out_weight, output, graphs
         self.capacity = capacity
         self.cache: StaticKV | None = None
@@ -57,6 +57,7 @@ class FixedDraft:
         if self.cache is None:
             c, embed = self.head.config, self.head.mask_embed
             self.cache = StaticKV(1, c.num_kv_heads, c.head_dim, self.capacity, embed.dtype, embed.device)
+            self._capture_all(0)
         self.cache.length = 0
         return self.cache
 
@@ -72,6 +73,7 @@ class FixedDraft:
         cache.reserve(P + size + K)
         if cache.kv is not kv:   # grown: the graphs read the old tensor
             self.buckets = {}
+            self._capture_all(P)
         bucket = self.buckets.get(size) or self._bucket(size, P)
         self._fill(bucket, features, embeds, P, S)
         if bucket.graph is not None:
@@ -80,6 +82,13 @@ class FixedDraft:
             bucket.logits = self._compute(bucket)
         cache.length = P + S
         return bucket.logits.clone()
+
+    @torch.inference_mode()
+    def _capture_all(self, past: int) -> None:
+        """Where the steps are captured, every bucket now: no step of a decode captures (its time would count it)."""
+        if self.graphs == CUDA:
+            for size in BUCKETS:
+                self._bucket(size, past)
 
     def _bucket(self, size: int, past: int) -> _Bucket:
         c, device = self.head.config, self.cache.kv.device

@@ -111,8 +111,13 @@ def block_or_causal(block_mask: torch.Tensor | None, n: int, device) -> torch.Te
 
 
 def fixed_step(lean, cache) -> FixedStep:
-    """The cache's FixedStep (made, with room for the largest bucket, where it has none that fits)."""
+    """The cache's FixedStep (made, with room for the largest bucket, where it has none that fits). Where the steps are
+    captured, a new one captures every bucket at once: the first step over a cache pays for them all, and no later
+    step captures (mid-decode, a capture would land in the time a run measures)."""
     cache.reserve(cache.length + FIXED_BUCKETS[-1])
     if cache.fixed is None or not cache.fixed.fits(cache):
         cache.fixed = FixedStep(lean, cache)
+        if lean.graphs == "cuda":
+            for bucket in FIXED_BUCKETS:
+                cache.fixed._prepare(bucket)
     return cache.fixed

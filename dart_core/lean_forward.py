@@ -26,6 +26,11 @@ from .fixed_step import FIXED_BUCKETS, block_or_causal, fixed_step
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 FREE_CACHES = 4          # caches kept for the next decodes (with their graphs), enough for the app's lanes
+# Where the steps run at fixed shapes, a cache's capacity is a power of two of at least this many entries: each cache
+# captures its own graphs, so caches sized to each prompt would capture again whenever a prompt is longer than the
+# last (mid-decode, in the time a bench measures); sized so, one cache serves every prompt up to several hundred
+# tokens. The attention reads the whole capacity under a mask: 1,024 entries are little beside a step's weights.
+FIXED_CAPACITY = 1024
 OFF, EAGER, CUDA = "off", "eager", "cuda"
 DYNAMIC_ROPE = ("dynamic", "longrope")   # rotary scalings that change with the positions seen: not at fixed shapes
 
@@ -159,6 +164,8 @@ class LeanForward:
                 self._free.remove(cache)
                 cache.length = 0
                 return cache
+        if self.graphs != OFF:
+            capacity = max(FIXED_CAPACITY, 1 << max(capacity - 1, 0).bit_length())
         # the C layer keeps keys and values in fp32 whatever the weights (lean_native)
         dtype = torch.float32 if self.native is not None else self.embed.dtype
         return StaticKV(len(self.layers), self.kv_heads, self.head_dim, capacity, dtype, self.embed.device)
