@@ -33,6 +33,7 @@ from dart_core.views.report import report_html
 from dart_core.views.story import story_html
 from dart_core.views.text_render import lane_html, lane_text_html, token_text
 
+from . import step_pick
 from .engine import Engine, EngineError
 from .lanes import DONE, ERROR, STOPPED, Lane, lane_stats, lane_status_text, replay_lane, round_robin, why_slower
 from .options import TREE_KNOB_NAMES, OptionError, check_knob, check_prompt, sampling_from, search_from
@@ -218,7 +219,7 @@ class Callbacks:
         """Every output for the session's current lanes. The step view jumps to the newest step of the default
         lane, unless `keep_step` (the user picked a step during the run: leave it, only widen the slider)."""
         key = session.default_lane()
-        index = len(session.lane(key).trace.steps) - 1 if key else 0
+        index = step_pick.newest(session.lane(key).trace, session.skip_plain) if key else 0
         out = {"state": session, **self.lane_cards(session), "summary": self.summary(session),
                **self.charts(session, key), "downloads": self.save_traces(session), "follow": session.follow}
         if keep_step:
@@ -337,11 +338,11 @@ class Callbacks:
         if VANILLA in keys and DART in session.lanes and DART not in keys:   # DART's speedup depends on plain's rate
             keys.append(DART)
         out = {LANE_OUTPUTS[key]: self.lane_card(session, key) for key in keys}
-        newest = len(session.lane(view_key).trace.steps) - 1
+        trace = session.lane(view_key).trace
         if not session.follow:
-            out["step"] = gr.update(maximum=max(newest, 1))
-        elif tree and newest >= 0:
-            out.update(self.step_view(session, view_key, newest, show_pruned))
+            out["step"] = gr.update(maximum=max(len(trace.steps) - 1, 1))
+        elif tree and trace.steps:
+            out.update(self.step_view(session, view_key, step_pick.newest(trace, session.skip_plain), show_pruned))
         if charts:
             out.update(self.charts(session, view_key))
         return {**out, "summary": self.summary(session)}
@@ -385,10 +386,12 @@ class Callbacks:
 
     @session_event()
     def move_step(self, session: Session, key, index, delta: int, show_pruned=False) -> dict:
-        """Prev / next: also stops following the newest step while generating."""
+        """Prev / next (past the steps without a tree, where the user asks): also stops following the newest step
+        while generating."""
         session.follow = False
+        lane = session.lane(key)
         try:
-            index = int(index) + delta
+            index = step_pick.moved(lane.trace, int(index), delta, session.skip_plain) if lane else 0
         except (TypeError, ValueError):
             index = 0
         return {**self.step_view(session, key, index, show_pruned), "follow": False}
@@ -404,12 +407,21 @@ class Callbacks:
         if session.lane(key) is None:
             return self.step_view(session, None, 0)
         lane = session.lane(key)
-        return {**self.step_view(session, lane.key, len(lane.trace.steps) - 1, show_pruned),
+        return {**self.step_view(session, lane.key, step_pick.newest(lane.trace, session.skip_plain), show_pruned),
                 "chart_time": figures.time_split_figure(lane.trace, lane.key)}
 
     @session_event(tell=False)
     def set_follow(self, session: Session, follow) -> None:
         session.follow = bool(follow)
+
+    @session_event()
+    def set_skip_plain(self, session: Session, key, skip, show_pruned=False) -> dict:
+        """Skip the steps without a tree, or not; a view that follows the newest step shows the newest it may."""
+        session.skip_plain = bool(skip)
+        lane = session.lane(key)
+        if not session.follow or lane is None or not lane.trace.steps:
+            return {}
+        return self.step_view(session, lane.key, step_pick.newest(lane.trace, session.skip_plain), show_pruned)
 
     @session_event()
     def token_click(self, session: Session, data, show_pruned=False) -> dict:

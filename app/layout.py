@@ -146,6 +146,8 @@ def step_controls() -> Components:
                 c["prev_btn"] = gr.Button("◀ Prev", size="sm", min_width=70, elem_id="prev-btn")
                 c["next_btn"] = gr.Button("Next ▶", size="sm", min_width=70, elem_id="next-btn")
             c["follow"] = gr.Checkbox(label="Follow the newest step", value=True, elem_id="follow", container=False)
+            c["skip_plain"] = gr.Checkbox(label="Skip steps without a tree", value=True, elem_id="skip-plain",
+                                          container=False)
             c["show_pruned"] = gr.Checkbox(label="Show pruned candidates", value=False, elem_id="show-pruned",
                                            container=False)
     c["step_info"] = gr.HTML("", elem_id="step-info")

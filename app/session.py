@@ -45,6 +45,7 @@ class Session:
     lanes: dict[str, Lane] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
     follow: bool = True          # the step view follows the newest step while generating
+    skip_plain: bool = True      # following and Prev / Next pass over the steps without a tree (app.step_pick)
     run_ended: threading.Event = field(default_factory=_ended)   # clear while a run goes (running)
     trace_folder: str | None = None  # where the latest downloadable traces were written (one folder per session)
     report_folder: str | None = None  # where the latest exported HTML report was written

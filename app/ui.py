@@ -164,6 +164,8 @@ def wire_steps(cb: Callbacks, bind: Binder) -> None:
     c["lane"].input(bind(cb.pick_lane, [*step_names, "chart_time"]), [c["state"], c["lane"], c["show_pruned"]],
                     [*step_out, c["chart_time"]], **HIDDEN)
     c["follow"].input(cb.set_follow, [c["state"], c["follow"]], None, **HIDDEN)
+    skip_in = [c["state"], c["lane"], c["skip_plain"], c["show_pruned"]]
+    c["skip_plain"].input(bind(cb.set_skip_plain, STEP_OUTPUTS), skip_in, bind.outputs(STEP_OUTPUTS), **HIDDEN)
     token_names = [*step_names, "lane"]
 
     def on_token(session, show_pruned, evt: gr.EventData):

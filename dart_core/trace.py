@@ -112,6 +112,12 @@ class StepRecord:
     elapsed: float = 0.0             # seconds since the generation started, at the end of this step
     stop_reason: str | None = None   # set on the last step: "stop_token", "max_new_tokens", "context_full"
 
+    @property
+    def drafted(self) -> bool:
+        """Whether the target verified proposed tokens this step: a tree beyond its root (a drafted tree, a lookup
+        branch or both)."""
+        return self.tree is not None and len(self.tree) > 1
+
     def lookup_branch(self, looked_up: list[int] | None = None) -> list[int]:
         """The prompt-lookup branch this step grafted (empty without one). `looked_up`: the branch looked up again
         from the step's context at its longest (it depends on the context alone), cut to the length the step

@@ -69,9 +69,11 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
             assert tree_points(drv) >= 2
             drv.save_screenshot(str(tmp_path / "after-run.png"))
 
-            # Prev, the slider and a click on a token each change the tree shown.
+            # Prev, the slider and a click on a token each change the tree shown; Prev passes over the steps without a
+            # tree (plain decoding: the root and the target's token alone), as the page's box asks by default.
             click(drv, "#prev-btn", "the Prev button")
-            wait_for(drv, lambda d: title_step(d) == last - 1, 30, "the previous step's tree")
+            earlier = wait_for(drv, lambda d: title_step(d) < last and title_step(d) + 1, 30, "an earlier tree") - 1
+            assert earlier == 0 or tree_points(drv) >= 3
             set_slider(drv, "step-slider", 2)
             wait_for(drv, lambda d: title_step(d) == 2, 30, "step 2's tree")
             token = wait_for(drv, lambda d: d.find_elements(By.CSS_SELECTOR, "#lane-dart .tok")[5], 30, "a token")
