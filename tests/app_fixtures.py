@@ -3,7 +3,8 @@
 - `hand_trace()`: a tiny DART trace written out by hand, so tests can assert exact nodes, colours and fates.
 - `tiny_traces()`: real runs of the tiny random target (plain, DART with an oracle drafter and an n-gram table,
   prompt lookup), with a fake id -> text map that includes HTML and code characters.
-- `tiny_engine()`: the app's engine around the tiny target; `run_request()`: a run's settings as the page sends them.
+- `tiny_engine()`: the app's engine around the tiny target; `run_request()`: a run's settings as the page sends them;
+  `EVERY_STEP`: a pace that sends an update after every step, with its tree.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import functools
 
 import numpy as np
 
+from app.pacing import Pace
 from dart_core.acceptance import SamplingConfig
 from dart_core.decoding import GenerationConfig, run
 from dart_core.ngram import NGramModel
@@ -126,6 +128,8 @@ def tiny_engine(ngram: bool = True):
 
 
 # The page's settings for a short DART run on the tiny target: a run request is these, with any of them changed.
+EVERY_STEP = Pace(frame_s=0, tree_s=0, chart_s=0.5, busy_share=1)   # an update for every step, with its tree
+
 RUN_DEFAULTS = dict(use_pld=False, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=12, seed=0, node_budget=12,
                     beam_width=4, topk=6, ngram_weight=0.5, level_exponent=0.7, logit_decay=0.9)
 

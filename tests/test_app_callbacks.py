@@ -26,7 +26,7 @@ from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
 from dart_core.views import figures
 from dart_core.views.animation import FRAME_MS
-from tests.app_fixtures import hand_ngram, hand_trace, run_request, tiny_engine, tiny_traces
+from tests.app_fixtures import EVERY_STEP, hand_ngram, hand_trace, run_request, tiny_engine, tiny_traces
 
 
 def knobs(node_budget, beam_width, topk, ngram_weight=0.5, level_exponent=0.7, logit_decay=0.9) -> dict:
@@ -38,9 +38,6 @@ def knobs(node_budget, beam_width, topk, ngram_weight=0.5, level_exponent=0.7, l
 @pytest.fixture(scope="module")
 def engine():
     return tiny_engine()
-
-
-EVERY_STEP = Pace(frame_s=0, tree_s=0, chart_s=0.5, busy_share=1)   # an update for every step, with its tree
 
 
 @pytest.fixture

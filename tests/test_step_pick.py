@@ -14,7 +14,7 @@ from app.engine import Engine
 from app.lanes import replay_lane
 from app.session import Session
 from dart_core.tree import TokenTree
-from tests.app_fixtures import tiny_traces
+from tests.app_fixtures import EVERY_STEP, run_request, tiny_engine, tiny_traces
 
 PLAIN = (2, 3, 5)   # the DART steps made plain below: the root verified alone
 
@@ -71,3 +71,18 @@ def test_following_a_run_shows_its_newest_tree(traces, tmp_path):
     assert view["step"]["value"] == 4 and view["tree"].layout.title.text.startswith("Step 4:")
     session.skip_plain = False
     assert cb.frame_view(session, ["dart"], "dart", False, tree=True, charts=False)["step"]["value"] == 5
+
+
+def test_a_run_draws_a_tree_only_when_the_step_to_show_changes(monkeypatch, tmp_path):
+    """While plain steps pass, the newest tree stays the one to show: the run does not send it again."""
+    cb = Callbacks(tiny_engine(), tmp_path, pace=EVERY_STEP)
+    # with the skip, the step to show stops at 1, as while plain steps pass; without it, the newest
+    monkeypatch.setattr(step_pick, "newest", lambda trace, skip: min(len(trace.steps) - 1, 1) if skip else
+                        len(trace.steps) - 1)
+    for skip in (True, False):
+        session = Session()
+        session.skip_plain = skip
+        updates = list(cb.run(session, run_request("still", max_new_tokens=12)))
+        shown = [u["step"]["value"] for u in updates[1:-1] if "tree" in u]   # the run's own (not its first and last)
+        n = len(session.lanes["dart"].trace.steps)
+        assert shown == ([0, 1] if skip else list(range(n))[: len(shown)]) and (skip or len(shown) >= n - 1)
