@@ -11,11 +11,12 @@ import torch
 from dart_core.decoding import GenerationConfig, run
 from dart_core.draft_fixed import BUCKETS, FixedDraft
 from dart_core.draft_head import DraftCache
-from dart_core.lean_forward import EAGER, OFF
+from dart_core.lean_forward import CUDA, EAGER, OFF
 from dart_core.proposers import DartProposer, HeadDrafter
 from dart_core.setup.tiny_models import plain_greedy_reference, random_head, tiny_target
 from dart_core.setup.tiny_models import random_prompts as prompts
 from dart_core.tree_search import SearchConfig
+from tests.graph_standin import play_captures
 from tests.head_kinds import HEAD_KINDS, head_of_kind
 
 
@@ -49,6 +50,29 @@ def test_its_steps_compute_what_the_head_computes(target, overrides):
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
             assert ours.length == theirs.length == b
     assert ours.capacity >= 80 + BUCKETS[-1] and set(fixed.buckets) <= set(BUCKETS)
+
+
+def test_captured_steps_are_captured_all_at_once_and_again_when_the_cache_grows(target, monkeypatch):
+    """Where the steps are captured (a GPU; here the capture played on the CPU), every bucket is captured when the
+    cache is made and again when it grows, never in between; the replays compute what the head computes."""
+    graphs = play_captures(monkeypatch)
+    head = head_of_kind(target, HEAD_KINDS[0])
+    out_weight = head.tied_output(target.lm_head.weight)
+    fixed = FixedDraft(head, out_weight, graphs=CUDA, capacity=24)
+    gen = torch.Generator().manual_seed(2)
+    H = target.hidden_size
+    features, embeds = torch.randn(60, 3 * H, generator=gen), torch.randn(60, H, generator=gen)
+    ours, theirs = fixed.new_cache(), DraftCache()
+    assert len(graphs) == len(BUCKETS) and all(b.graph is not None for b in fixed.buckets.values())
+    bounds, capacities = [0, 4, 5, 13, 14, 30, 31, 47, 48, 60], []
+    with torch.inference_mode():
+        for a, b in zip(bounds, bounds[1:]):
+            expected = head(features[a:b], embeds[a:b], theirs, out_weight)
+            torch.testing.assert_close(fixed.step(features[a:b], embeds[a:b], ours), expected, rtol=1e-5, atol=1e-5)
+            capacities.append(ours.capacity)
+    grown = len(set(capacities)) - (capacities[0] == 24)   # the first capacity was made with the cache
+    assert grown >= 2 and len(graphs) == len(BUCKETS) * (1 + grown)
+    assert sum(g.replays for g in graphs) >= len(bounds) - 2   # every step of a bucket's size replayed a graph
 
 
 def test_a_decode_drafts_at_fixed_shapes_losslessly_and_reuses_its_cache(target, one_thread):

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dart_core.decoding import GenerationConfig, run
 from dart_core.machine.kernels import measure_plan
-from dart_core import draft_fixed, fixed_step
+from dart_core import draft_fixed
 from dart_core.fixed_step import FIXED_BUCKETS
 from dart_core.lean_forward import CUDA, EAGER, LeanForward, StaticKV
 from dart_core.ngram import NGramModel
@@ -19,6 +18,7 @@ from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, r
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
 from dart_core.setup.tiny_models import random_prompts as prompts
+from tests.graph_standin import CapturableOnly, play_captures
 from tests.lean_pairs import NATIVE, STEPS, lean_pair
 
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -141,24 +141,6 @@ def test_a_decode_hands_its_cache_back_with_its_fixed_step_for_the_next_one(one_
     assert lean.lean._free == [cache]
 
 
-class CapturableOnly(TorchDispatchMode):
-    """Refuses the operations a CUDA graph cannot capture: those that wait for the device to read a value on the host
-    (a tensor's item or truth, a boolean mask's indices, unique values) and tensors made from host data (copied to the
-    device as the capture runs). Any of them in a captured step fails its capture on a GPU."""
-    REFUSED = {"aten.item", "aten._local_scalar_dense", "aten.is_nonzero", "aten.equal", "aten.nonzero",
-               "aten.masked_select", "aten._unique", "aten._unique2", "aten.unique_dim", "aten.unique_consecutive",
-               "aten.lift_fresh", "aten.lift_fresh_copy"}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket)
-        by_mask = name in ("aten.index", "aten.index_put", "aten.index_put_") and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
-        by_counts = func is torch.ops.aten.repeat_interleave.Tensor   # its output's size is read from the device
-        if name in self.REFUSED or by_mask or by_counts:
-            raise AssertionError(f"{func} in a captured step: a CUDA graph cannot capture it")
-        return func(*args, **(kwargs or {}))
-
-
 def test_the_capture_check_refuses_what_a_graph_cannot_capture():
     x = torch.arange(6.0)
     for refused in (lambda: float(x[0]), lambda: x[x > 2], lambda: torch.tensor([1, 2]), lambda: x[[0, 1]],
@@ -169,31 +151,10 @@ def test_the_capture_check_refuses_what_a_graph_cannot_capture():
         x.index_select(0, torch.arange(2)).sum() * 2.0 + x.index_copy(0, torch.arange(2), x[:2])
 
 
-class ReplayedOnTheCpu:
-    """What a captured CUDA graph does, on the CPU: the outputs of the capture are the graph's, and each replay
-    fills those same tensors again from the inputs the capture read (here by running the step again). The capture
-    runs only what a CUDA graph can capture."""
-    def __init__(self, fn):
-        self.fn, self.replays = fn, 0
-        with CapturableOnly():
-            self.outputs = fn()
-
-    def replay(self):
-        self.replays += 1
-        for mine, again in zip(self.outputs, self.fn()):
-            if mine is not None:
-                mine.copy_(again)
-
-
 def test_steps_captured_once_and_replayed_decode_losslessly(one_thread, monkeypatch):
     """The GPU path's logic (static inputs filled before a replay, the capture's outputs read after it), with the
     graph played by a stand-in, since this machine may have no CUDA."""
-    graphs = []
-
-    def capture(fn):
-        graphs.append(ReplayedOnTheCpu(fn))
-        return graphs[-1], graphs[-1].outputs
-    monkeypatch.setattr(fixed_step, "capture_graph", capture)
+    graphs = play_captures(monkeypatch)
     _, lean = lean_pair("qwen3", seed=5, graphs=CUDA)
     proposer = DartProposer(HeadDrafter(random_head(lean), lean), SearchConfig(node_budget=12))
     for prompt in prompts(4, lean.vocab_size, seed=6):
@@ -212,12 +173,7 @@ def test_graphs_are_captured_in_the_first_decode_and_serve_prompts_of_every_leng
     """Every bucket is captured when a cache first steps, the head's when its cache is made, and caches are sized to
     serve prompts of any length up to hundreds of tokens: after the first decode nothing is captured, so no later run
     (a bench's timed ones) pays for a capture."""
-    graphs = []
-
-    def capture(fn):
-        graphs.append(ReplayedOnTheCpu(fn))
-        return graphs[-1], graphs[-1].outputs
-    monkeypatch.setattr(fixed_step, "capture_graph", capture)
+    graphs = play_captures(monkeypatch)
     _, lean = lean_pair("qwen3", seed=5, graphs=CUDA)
     proposers = (VanillaProposer(), DartProposer(HeadDrafter(random_head(lean), lean), SearchConfig(node_budget=12)))
     first = len(prompts(1, lean.vocab_size, seed=6)[0])

@@ -1,0 +1,55 @@
+"""CUDA graph capture played on the CPU, for the tests of the steps a GPU captures (tests/test_lean_forward.py,
+tests/test_draft_fixed.py): the capture's outputs are the graph's, each replay fills them again from the inputs the
+capture read, and a captured step may hold only what a CUDA graph can capture."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dart_core import fixed_step
+
+
+class CapturableOnly(TorchDispatchMode):
+    """Refuses the operations a CUDA graph cannot capture: those that wait for the device to read a value on the host
+    (a tensor's item or truth, a boolean mask's indices, unique values) and tensors made from host data (copied to the
+    device as the capture runs). Any of them in a captured step fails its capture on a GPU."""
+    REFUSED = {"aten.item", "aten._local_scalar_dense", "aten.is_nonzero", "aten.equal", "aten.nonzero",
+               "aten.masked_select", "aten._unique", "aten._unique2", "aten.unique_dim", "aten.unique_consecutive",
+               "aten.lift_fresh", "aten.lift_fresh_copy"}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        by_mask = name in ("aten.index", "aten.index_put", "aten.index_put_") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
+        by_counts = func is torch.ops.aten.repeat_interleave.Tensor   # its output's size is read from the device
+        if name in self.REFUSED or by_mask or by_counts:
+            raise AssertionError(f"{func} in a captured step: a CUDA graph cannot capture it")
+        return func(*args, **(kwargs or {}))
+
+
+class ReplayedOnTheCpu:
+    """What a captured CUDA graph does, on the CPU: the outputs of the capture are the graph's, and each replay
+    fills those same tensors again from the inputs the capture read (here by running the step again). The capture
+    runs only what a CUDA graph can capture."""
+    def __init__(self, fn):
+        self.fn, self.replays = fn, 0
+        with CapturableOnly():
+            self.outputs = fn()
+
+    def replay(self):
+        self.replays += 1
+        for mine, again in zip(self.outputs, self.fn()):
+            if mine is not None:
+                mine.copy_(again)
+
+
+def play_captures(monkeypatch) -> list[ReplayedOnTheCpu]:
+    """Every capture from now on played on the CPU; returns the list they are added to."""
+    graphs = []
+
+    def capture(fn):
+        graphs.append(ReplayedOnTheCpu(fn))
+        return graphs[-1], graphs[-1].outputs
+    monkeypatch.setattr(fixed_step, "capture_graph", capture)
+    return graphs
