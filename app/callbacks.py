@@ -355,24 +355,30 @@ class Callbacks:
         """Stop the session's run, if one runs, and wait until it has ended (True if one ran). It ends after its step
         in flight without another update, or when the page's cancel closes it; either way every update it made was
         sent or dropped by then, so none can reach the page after the view the caller returns."""
-        was_running = session.running
+        was_running, asked = session.running, time.monotonic()
         session.stop.set()
         if was_running and not session.run_ended.wait(END_WAIT_S):
             log.warning("a stopped run did not end within %s s", END_WAIT_S)
+        elif was_running and time.monotonic() - asked > 5:
+            log.warning("a stopped run took %.1f s to end", time.monotonic() - asked)
         return was_running
 
     @session_event()
     def stop(self, session: Session, show_pruned=False) -> dict:
         """Stop the run: the current step finishes, no further step starts; the view shows every step made."""
+        started = time.monotonic()
         was_running = self.end_run(session)
         for lane in session.lanes.values():
             if not lane.finished:
                 lane.status = STOPPED
         session.running = False
-        return {**self.full_view(session, show_pruned, keep_step=not session.follow),
+        view = {**self.full_view(session, show_pruned, keep_step=not session.follow),
                 "run_btn": gr.update(interactive=True),
                 "message": message_html("Stopped. Everything generated so far can be explored and downloaded.",
                                         "info") if was_running else ""}
+        if time.monotonic() - started > 5:
+            log.warning("Stop's view took %.1f s", time.monotonic() - started)
+        return view
 
     @session_event(tell=False)
     def clear(self, session: Session) -> dict:

@@ -176,8 +176,21 @@ def test_run_explore_and_replay_in_a_browser(tmp_path):
             finally:
                 other.quit()
             wait_for(drv, lambda d: app_health(url)["freed"]["closed"] >= 1, 60, "the closed page's session freed")
+        except Exception as exc:   # what the page and the app said, for a failure that happens only now and then
+            exc.add_note(page_state(drv) + "\nthe app's log ends:\n" + (tmp_path / "app.log").read_text()[-4000:])
+            raise
         finally:
             drv.quit()
+
+
+def page_state(drv) -> str:
+    """The first page's lanes and message, as far as they can be read."""
+    try:
+        from selenium.webdriver.common.by import By
+        lanes = {k: lane_status(drv, k) for k in ("vanilla", "dart")}
+        return f"the page: lanes {lanes}, message {drv.find_element(By.CSS_SELECTOR, '#message').text!r}"
+    except Exception as exc:  # noqa: BLE001 - a page that cannot be read says so
+        return f"the page could not be read: {type(exc).__name__}: {exc}"
 
 
 def app_health(url: str) -> dict:
