@@ -418,7 +418,8 @@ def test_what_if_verified_by_the_model_matches_the_greedy_replay(cb):
     for index in range(1, len(trace.steps)):
         for budget in (3, 30):
             cfg = SearchConfig(node_budget=budget, beam_width=4, topk=6)
-            verified = what_if(trace, index, cfg, engine.ngram, engine.loaded.stop_ids, engine.verifier(SamplingConfig()))
+            verifier = engine.verifier(SamplingConfig())
+            verified = what_if(trace, index, cfg, engine.ngram, engine.loaded.stop_ids, verifier)
             replayed = what_if(trace, index, cfg, engine.ngram, engine.loaded.stop_ids)
             assert verified.how == VERIFIED and replayed.how == REPLAYED
             assert verified.path == replayed.path
