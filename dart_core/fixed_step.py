@@ -62,6 +62,12 @@ class FixedStep:
         logits = step.logits[n - 1: n] if last_only else step.logits[:n]
         return logits.clone(), step.feats[:n].clone() if features else None
 
+    def capture_all(self) -> None:
+        """Where the steps are captured, every bucket now (the head's steps do the same: dart_core.draft_fixed)."""
+        if self.lean.graphs == "cuda":
+            for bucket in FIXED_BUCKETS:
+                self._prepare(bucket)
+
     def _step(self, step: Captured):
         return self.lean.step(step.ids, step.positions, self.kv, step.write, self.kv.shape[3], step.mask,
                               self.lean.taps, False)
@@ -117,7 +123,5 @@ def fixed_step(lean, cache) -> FixedStep:
     cache.reserve(cache.length + FIXED_BUCKETS[-1])
     if cache.fixed is None or not cache.fixed.fits(cache):
         cache.fixed = FixedStep(lean, cache)
-        if lean.graphs == "cuda":
-            for bucket in FIXED_BUCKETS:
-                cache.fixed._prepare(bucket)
+        cache.fixed.capture_all()
     return cache.fixed
