@@ -306,14 +306,15 @@ class Callbacks:
         yield {**self.full_view(session, show_pruned), "message": "", "run_btn": gr.update(interactive=False),
                "downloads": None}
         pacer, stepped, messages, new_step = Pacer(self.pace), [], {}, False
-        viewed, shown = session.lane(view_key).trace, -1   # the step of the viewed lane that its tree last showed
+        viewed = session.lane(view_key).trace
+        to_show = shown = -1   # the viewed lane's step the view would show now, and the one its tree last showed
         try:
             for lane, step in round_robin(lanes, stop, self.engine.lock):
                 if lane.key not in stepped:
                     stepped.append(lane.key)
-                # a step of the viewed lane that the view would show and has not (a plain one it skips is none)
-                new_step |= step is not None and lane.key == view_key and \
-                    step_pick.newest(viewed, session.skip_plain) != shown
+                if step is not None and lane.key == view_key:   # a plain step the view skips changes nothing
+                    to_show = step_pick.newest(viewed, session.skip_plain)
+                    new_step |= to_show != shown
                 if lane.status == ERROR:
                     messages.update(warn(f"{LANES[lane.key].title} failed: {lane.error}"))
                 now = time.monotonic()
@@ -322,7 +323,7 @@ class Callbacks:
                 tree, charts = new_step and pacer.tree_due(now, lane.finished), pacer.charts_due(now)
                 view = {**self.frame_view(session, stepped, view_key, show_pruned, tree, charts), **messages}
                 pacer.sent(now, tree, charts)
-                shown = step_pick.newest(viewed, session.skip_plain) if tree and session.follow else shown
+                shown = to_show if tree and session.follow else shown
                 yield view
                 stepped, messages, new_step = [], {}, new_step and not tree
         finally:
@@ -366,8 +367,8 @@ class Callbacks:
     @session_event()
     def stop(self, session: Session, show_pruned=False) -> dict:
         """Stop the run: the current step finishes, no further step starts; the view shows every step made."""
-        started = time.monotonic()
         was_running = self.end_run(session)
+        started = time.monotonic()
         for lane in session.lanes.values():
             if not lane.finished:
                 lane.status = STOPPED
