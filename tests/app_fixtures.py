@@ -127,9 +127,9 @@ def tiny_engine(ngram: bool = True):
                          "tiny" if ngram else "none", "cpu", "fp32"))
 
 
-# The page's settings for a short DART run on the tiny target: a run request is these, with any of them changed.
 EVERY_STEP = Pace(frame_s=0, tree_s=0, chart_s=0.5, busy_share=1)   # an update for every step, with its tree
 
+# The page's settings for a short DART run on the tiny target: a run request is these, with any of them changed.
 RUN_DEFAULTS = dict(use_pld=False, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=12, seed=0, node_budget=12,
                     beam_width=4, topk=6, ngram_weight=0.5, level_exponent=0.7, logit_decay=0.9)
 
