@@ -44,6 +44,6 @@ def test_what_the_app_holds_stays_bounded_and_is_given_back(tmp_path, report):
             time.sleep(0.5)
     assert idle["sessions"] == 0 and idle["folders"] == 0, idle
     first, last = result["samples"][0], result["samples"][-1]
-    report(f"{VISITORS} visitors, RSS {first['rss_mb']} -> {last['rss_mb']} MB, at most "
-           f"{max(s['sessions'] for s in result['samples'])} sessions and {max(s['temp_mb'] for s in result['samples'])}"
-           f" MB of temporary files held")
+    sessions, temp_mb = (max(s[k] for s in result["samples"]) for k in ("sessions", "temp_mb"))
+    report(f"{VISITORS} visitors, RSS {first['rss_mb']} -> {last['rss_mb']} MB, at most {sessions} sessions and "
+           f"{temp_mb} MB of temporary files held")
