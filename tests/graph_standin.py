@@ -8,22 +8,17 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dart_core import fixed_step
+from tests.device_reads import reads_on_host
 
 
 class CapturableOnly(TorchDispatchMode):
-    """Refuses the operations a CUDA graph cannot capture: those that wait for the device to read a value on the host
-    (a tensor's item or truth, a boolean mask's indices, unique values) and tensors made from host data (copied to the
-    device as the capture runs). Any of them in a captured step fails its capture on a GPU."""
-    REFUSED = {"aten.item", "aten._local_scalar_dense", "aten.is_nonzero", "aten.equal", "aten.nonzero",
-               "aten.masked_select", "aten._unique", "aten._unique2", "aten.unique_dim", "aten.unique_consecutive",
-               "aten.lift_fresh", "aten.lift_fresh_copy"}
+    """Refuses the operations a CUDA graph cannot capture: those that read a value on the host (a tensor's item or
+    truth, a boolean mask's indices, unique values: tests/device_reads.py) and tensors made from host data (copied to
+    the device as the capture runs). Any of them in a captured step fails its capture on a GPU."""
+    FROM_HOST = {"aten.lift_fresh", "aten.lift_fresh_copy"}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket)
-        by_mask = name in ("aten.index", "aten.index_put", "aten.index_put_") and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
-        by_counts = func is torch.ops.aten.repeat_interleave.Tensor   # its output's size is read from the device
-        if name in self.REFUSED or by_mask or by_counts:
+        if reads_on_host(func, args) or str(func.overloadpacket) in self.FROM_HOST:
             raise AssertionError(f"{func} in a captured step: a CUDA graph cannot capture it")
         return func(*args, **(kwargs or {}))
 

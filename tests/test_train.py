@@ -3,7 +3,7 @@
 import json
 import random
 import shutil
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -15,8 +15,9 @@ from dart_core.training import data as data_mod, trainer as trainer_mod
 from dart_core.training.head_forward import train_logits
 from dart_core.training.trainer import SoftCrossEntropy, Trainer, TrainConfig, choose_draft_vocab, sequence_batch
 from dart_core.training.data import cached_example, sequence_example, top_labels
-from dart_core.training.records import SequenceExample
+from dart_core.training.records import AnchorBatch, SequenceExample
 from dart_core.setup.tiny_models import plain_greedy_reference, tiny_target
+from tests.device_reads import DeviceReads
 
 
 def answered_prompts(n: int, low: int, high: int):
@@ -142,6 +143,41 @@ def test_held_out_metrics_do_not_depend_on_the_sequences_per_forward(data, tmp_p
     one, two = (e.to_dict() for e in evaluations)
     assert one.pop("heldout_loss") == pytest.approx(two.pop("heldout_loss"), rel=1e-5)
     assert one == two and one["anchors"] > 0
+
+
+def device_stand_in(trainer, monkeypatch) -> DeviceReads:
+    """The host's reads of what a GPU would hold: the target's and the head's weights, every batch as copied to the
+    device, and all computed from them."""
+    reads = DeviceReads(*trainer.head.parameters(), *trainer.target.model.parameters())
+    to_device = AnchorBatch.to
+
+    def copied(batch, device):
+        on_device = AnchorBatch(**{f.name: getattr(batch, f.name).clone() for f in fields(batch)})
+        reads.on_device(*(getattr(on_device, f.name) for f in fields(on_device)))
+        return to_device(on_device, device)
+    monkeypatch.setattr(AnchorBatch, "to", copied)
+    return reads
+
+
+def test_a_training_step_waits_for_the_device_once_and_an_evaluation_once_per_kind(data, tmp_path, monkeypatch):
+    # on a GPU every read of a device value on the host drains the device's queue, and the host, which queues the
+    # small kernels of a head's step one by one, then runs behind instead of ahead of it
+    target, seqs = data
+    cfg = TrainConfig(n_mask=2, draft_vocab=48, anchors=8, accumulate=4, sequence_batch=3, warmup=1, bf16=False)
+    trainer = Trainer(target, seqs[:6], seqs[:5], cfg, tmp_path, stop_ids={2})
+    trainer._train_step(lambda i: seqs[3 + i % 11])   # the optimizer's state made
+    reads = device_stand_in(trainer, monkeypatch)
+    with reads:
+        stats = trainer._train_step(lambda i: seqs[3 + i % 11])   # two forwards: of three sequences, then of one
+    assert stats["tokens"] > 0 and dict(reads.reads) == {"tolist": 1}
+    waits = []
+    for size in (1, 5):   # five held-out groups, then one
+        trainer.cfg = replace(cfg, sequence_batch=size)
+        reads.reads.clear()
+        with reads:
+            assert trainer.evaluate().anchors > 0
+        waits.append(dict(reads.reads))
+    assert waits[0] == waits[1] and sum(waits[0].values()) <= 4
 
 
 def reference_soft_ce(logits, ids, probs):
@@ -605,5 +641,6 @@ def test_typed_records_keep_the_formats_files_hold():
     evaluation = Evaluation(0.5, [0.4, 0.2], 1.6, 2.1, 10, [6, 2, 2])
     assert evaluation.to_dict() == {"heldout_loss": 0.5, "row_top1": [0.4, 0.2], "chain_tau": 1.6,
                                     "top3_tau_bound": 2.1, "anchors": 10, "chain_lengths": [6, 2, 2]}
-    total = RowStats.zeros(2) + RowStats(torch.tensor([3.0, 1.0]), 4, 4.0, 6.0, torch.tensor([1.0, 2.0, 1.0]))
+    total = RowStats.zeros(2) + RowStats(torch.tensor([3.0, 1.0]), torch.tensor(4.0), torch.tensor(4.0),
+                                         torch.tensor(6.0), torch.tensor([1.0, 2.0, 1.0]))
     assert total.rows == 4 and total.hit1.tolist() == [3.0, 1.0] and total.chain_hist.tolist() == [1.0, 2.0, 1.0]

@@ -51,7 +51,8 @@ class AnchorBatch:
     real: torch.Tensor            # [A] an anchor of the text (False: padding of a stack, every mask False)
 
     def to(self, device: torch.device) -> "AnchorBatch":
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        """On `device`, copied without waiting for it (from the host, a GPU's queue goes on)."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)})
 
     @classmethod
     def stack(cls, batches: list["AnchorBatch"]) -> "AnchorBatch":
@@ -71,16 +72,18 @@ def minutes_trained(sessions: list[dict]) -> float:
 @dataclass
 class RowStats:
     """Per-row top-1 hits and per-anchor consecutive-correct counts of a forward (trainer.row_stats), over the
-    anchors whose every row lies inside the text; stats of several forwards add up with +."""
+    anchors whose every row lies inside the text, as float tensors where the forward ran; stats of several forwards
+    add up with +."""
     hit1: torch.Tensor            # [R] anchors whose row r's top-1 is the target's argmax
-    rows: int                     # anchors counted
-    chain1: float                 # summed over anchors: rows accepted by a greedy chain (top-1 of each row)
-    chain3: float                 # the same where any of each row's top 3 counts
+    rows: torch.Tensor            # anchors counted
+    chain1: torch.Tensor          # summed over anchors: rows accepted by a greedy chain (top-1 of each row)
+    chain3: torch.Tensor          # the same where any of each row's top 3 counts
     chain_hist: torch.Tensor      # [R+1] anchors whose greedy chain accepts 0, 1, ... R rows
 
     @classmethod
-    def zeros(cls, n_rows: int) -> "RowStats":
-        return cls(torch.zeros(n_rows), 0, 0.0, 0.0, torch.zeros(n_rows + 1))
+    def zeros(cls, n_rows: int, device: torch.device | str = "cpu") -> "RowStats":
+        zero = torch.zeros((), device=device)
+        return cls(torch.zeros(n_rows, device=device), zero, zero, zero, torch.zeros(n_rows + 1, device=device))
 
     def __add__(self, other: "RowStats") -> "RowStats":
         return RowStats(self.hit1 + other.hit1, self.rows + other.rows, self.chain1 + other.chain1,

@@ -203,34 +203,39 @@ def sequence_batch(seq: SequenceExample, n_rows: int, n_anchors: int, rng: rando
 
 
 def head_logits(forward, target: TargetModel, seqs: list[SequenceExample], anchors: torch.Tensor) -> torch.Tensor:
-    """The head's logits [B, A, R, Vd] for the anchors [B, A] of B sequences (padded: AnchorBatch.stack), each as
-    `DraftHead.forward_train` gives them (a trained head has its own output layer). forward: a TrainingForward of the
-    head (or its DDP wrapper)."""
+    """The head's logits [B, A, R, Vd] for the anchors [B, A] (on the host) of B sequences (padded:
+    AnchorBatch.stack), each as `DraftHead.forward_train` gives them (a trained head has its own output layer).
+    forward: a TrainingForward of the head (or its DDP wrapper). The inputs are gathered on the host and sent in one
+    copy of each kind, which a GPU does not wait for."""
     device = target.device
-    ends = (anchors.max(dim=1).values + 1).tolist()   # positions past a sequence's last anchor are never attended to
-    n = max(ends)
-    feats = torch.zeros(len(seqs), n, seqs[0].features.shape[1], device=device)
-    embeds = torch.zeros(len(seqs), n, target.hidden_size, device=device)
+    ends = anchors.max(dim=1).values + 1   # positions past a sequence's last anchor are never attended to
+    n = int(ends.max())
+    feats = torch.zeros(len(seqs), n, seqs[0].features.shape[1], dtype=seqs[0].features.dtype)
+    ids = torch.zeros(len(seqs), n, dtype=torch.long)
+    for b, (seq, end) in enumerate(zip(seqs, ends.tolist())):
+        feats[b, :end] = seq.features[:end]
+        ids[b, :end] = seq.ids[1:end + 1]   # position i: token i+1
+    past_end = (torch.arange(n) >= ends[:, None])[..., None]
     with torch.no_grad():
-        for b, (seq, end) in enumerate(zip(seqs, ends)):
-            feats[b, :end] = seq.features[:end].to(device).float()
-            embeds[b, :end] = target.embed_tokens(seq.ids.long()[1:end + 1].to(device)).float()  # position i: token i+1
-    return forward(feats, embeds, anchors.to(device))
+        embeds = target.embed_tokens(ids.to(device, non_blocking=True)).float()
+        embeds = embeds.masked_fill_(past_end.to(device, non_blocking=True), 0.0)
+    return forward(feats.to(device, non_blocking=True).float(), embeds, anchors.to(device, non_blocking=True))
 
 
 def row_stats(logits: torch.Tensor, batch: AnchorBatch) -> RowStats:
     """Per-row top-1 hits, and per-anchor consecutive-correct counts for top-1 and top-3 (over every sequence of a
-    stacked batch)."""
+    stacked batch), as tensors where the logits are: the host reads them once a step or an evaluation."""
     R, V = logits.shape[-2:]
     top3 = logits.reshape(-1, R, V).topk(3, dim=-1).indices            # [A, R, 3]
-    ok, argmax = batch.argmax_ok.reshape(-1, R), batch.argmax.reshape(-1, R)
-    hit1 = (top3[..., 0] == argmax) & ok
-    hit3 = (top3 == argmax[..., None]).any(-1) & ok
     full = batch.row_ok.reshape(-1, R).all(-1)                         # anchors with every row inside the text
-    chain1 = hit1[full].int().cumprod(-1).sum(-1)
-    return RowStats(hit1[full].float().sum(0).cpu(), int(full.sum()), float(chain1.sum()),
-                    float(hit3[full].int().cumprod(-1).sum(-1).sum()),
-                    torch.bincount(chain1.cpu(), minlength=R + 1).float())
+    counted = batch.argmax_ok.reshape(-1, R) & full[:, None]           # masks, not indexing: no wait for a count
+    argmax = batch.argmax.reshape(-1, R)
+    hit1 = (top3[..., 0] == argmax) & counted
+    hit3 = (top3 == argmax[..., None]).any(-1) & counted
+    chain1 = hit1.int().cumprod(-1).sum(-1)                            # 0 for the anchors left out
+    chain_hist = torch.zeros(R + 1, device=logits.device).index_add_(0, chain1, full.float())
+    return RowStats(hit1.float().sum(0), full.sum().float(), chain1.sum().float(),
+                    hit3.int().cumprod(-1).sum(-1).sum().float(), chain_hist)
 
 
 LOSS_CHUNK_ROWS = 128  # rows of logits per pass on a CPU: their float copy stays in cache (one pass over [A, R, Vd]
@@ -412,10 +417,11 @@ class Trainer:
                 kept.append((seq, batch))
         if not kept:
             return None, None, missing
-        batch = AnchorBatch.stack([b for _, b in kept]).to(self.device)
+        on_host = AnchorBatch.stack([b for _, b in kept])
         with self._autocast():
-            logits = head_logits(model or TrainingForward(self.head), self.target, [s for s, _ in kept], batch.anchors)
-        return batch, logits, missing
+            logits = head_logits(model or TrainingForward(self.head), self.target, [s for s, _ in kept],
+                                 on_host.anchors)
+        return on_host.to(self.device), logits, missing
 
     def _groups(self, items: list) -> list[list]:
         """`items` in groups of sequence_batch: what goes through one head forward."""
@@ -425,21 +431,23 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> Evaluation:
         self.head.eval()
-        tot = RowStats.zeros(self.cfg.n_mask + 1)
+        tot = RowStats.zeros(self.cfg.n_mask + 1, self.device)
         losses = []
         rng = random.Random(1234)  # the same anchors at every evaluation (drawn in the sequences' order)
         for group in self._groups(self.heldout):
             batch, logits, _ = self._forward(group, [rng] * len(group))
             if batch is None:
                 continue
-            losses.extend(soft_ce(logits, batch, self.row_weights).float().tolist())
+            losses.append(soft_ce(logits, batch, self.row_weights).float())
             tot = tot + row_stats(logits, batch)
         self.head.train()
-        n = max(tot.rows, 1)
+        losses = torch.cat(losses).tolist() if losses else []
+        rows, chain1, chain3 = torch.stack((tot.rows, tot.chain1, tot.chain3)).tolist()
+        n = max(int(rows), 1)
         return Evaluation(heldout_loss=round(sum(losses) / len(losses), 4) if losses else None,
-                          row_top1=[round(float(x) / n, 4) for x in tot.hit1],
-                          chain_tau=round(1 + tot.chain1 / n, 4), top3_tau_bound=round(1 + tot.chain3 / n, 4),
-                          anchors=n, chain_lengths=[int(x) for x in tot.chain_hist])
+                          row_top1=[round(x / n, 4) for x in tot.hit1.tolist()],
+                          chain_tau=round(1 + chain1 / n, 4), top3_tau_bound=round(1 + chain3 / n, 4),
+                          anchors=n, chain_lengths=[int(x) for x in tot.chain_hist.tolist()])
 
     def save(self, directory, metrics: dict, command: str = "") -> None:
         """The head in the run's format, and metrics.json beside it (the run's provenance and held-out metrics)."""
@@ -569,7 +577,8 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         first = self.sequences_seen + distributed.rank() * c.accumulate  # this process's share of the step
         groups = self._groups(list(range(first, first + c.accumulate)))
-        sums = torch.zeros(6, dtype=torch.float64)   # sequences, anchor tokens, loss, anchors counted, row-0 hits, chain
+        # sequences, anchor tokens, loss, anchors counted, row-0 hits, chain: summed where the logits are, read once
+        sums = torch.zeros(6, dtype=torch.float64, device=self.device)
         for k, group in enumerate(groups):
             with distributed.no_sync(self.model, sync=k == len(groups) - 1):
                 batch, logits, missing = self._forward([next_sequence(i) for i in group],
@@ -582,17 +591,17 @@ class Trainer:
                 losses = soft_ce(logits, batch, self.row_weights)
                 (losses.sum() / c.accumulate).backward()
             st = row_stats(logits.detach(), batch)
-            sums += torch.tensor([losses.numel(), float(batch.real.sum()), float(losses.detach().sum()), st.rows,
-                                  float(st.hit1[0]), st.chain1], dtype=torch.float64)
-        sums = distributed.summed(sums)
-        self.sequences_seen += c.accumulate * world
-        self.tokens_seen += int(sums[1])
+            sums[0] += losses.numel()
+            sums[1:] += torch.stack((batch.real.sum(), losses.detach().sum(), st.rows, st.hit1[0], st.chain1)).double()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
         self.opt.step()
         self.step += 1
-        n, anchors = max(float(sums[0]), 1.0), max(float(sums[3]), 1.0)
-        return {"tokens": int(sums[1]), "loss": float(sums[2]) / n, "row0": float(sums[4]) / anchors,
-                "chain_tau": 1 + float(sums[5]) / anchors}
+        self.sequences_seen += c.accumulate * world
+        # the step's one wait for the device, after the optimizer's work is queued
+        sequences, tokens, loss, counted, row0, chain = distributed.summed(sums).tolist()
+        self.tokens_seen += int(tokens)
+        n, anchors = max(sequences, 1.0), max(counted, 1.0)
+        return {"tokens": int(tokens), "loss": loss / n, "row0": row0 / anchors, "chain_tau": 1 + chain / anchors}
 
     def _eval_and_keep(self, command: str) -> dict:
         """Rank 0 evaluates, keeps the best head and checkpoints; the other processes wait for it."""
