@@ -20,7 +20,6 @@ import torch.nn.functional as F
 
 from . import fixed_step
 from .draft_head import DraftHead, rope
-from .fixed_step import block_or_causal, fill_mask
 from .lean_forward import CUDA, EAGER, FIXED_CAPACITY, StaticKV
 
 BUCKETS = (1, 2, 4, 8, 16)   # new positions a step is padded to; more (the prompt's) run eagerly at their own shape
@@ -28,13 +27,12 @@ BUCKETS = (1, 2, 4, 8, 16)   # new positions a step is padded to; more (the prom
 
 @dataclass
 class _Bucket:
-    """One bucket's inputs, outputs and (on a GPU) its graph: replaying it reads the inputs and fills `logits`."""
+    """One bucket's inputs, outputs and (on a GPU) its graph: replaying it reads the inputs and fills `logits`. Its
+    positions, cache entries and mask the step computes from P and S (`sizes`), copied from the host with the rows."""
     features: torch.Tensor     # [B, 3H]
     embeds: torch.Tensor       # [B, H]
-    positions: torch.Tensor    # [B + K] rotary positions
-    write: torch.Tensor        # [B + K] cache entries the rows' keys and values go to
-    mask: torch.Tensor         # [B + K, capacity] bool: what each row sees
-    rows: torch.Tensor         # [K + 1] the rows whose logits the step returns: the last real one and the slots
+    sizes_host: torch.Tensor   # [2] int64 on the host: P (the cache entries kept) and S (the real rows)
+    sizes: torch.Tensor        # the same on the device, where the step reads them
     logits: torch.Tensor | None = None
     graph: object | None = None
 
@@ -92,13 +90,11 @@ class FixedDraft:
 
     def _bucket(self, size: int, past: int) -> _Bucket:
         c, device = self.head.config, self.cache.kv.device
-        K, dtype = c.n_mask, self.head.mask_embed.dtype
-        write = torch.arange(past, past + size + K, device=device)   # past the kept entries: warm-ups may write
+        dtype = self.head.mask_embed.dtype
+        sizes_host = torch.tensor([past, 0])   # no real row: warm-ups write past the kept entries
         bucket = _Bucket(torch.zeros(size, 3 * c.hidden_size, device=device, dtype=dtype),
-                         torch.zeros(size, c.hidden_size, device=device, dtype=dtype), write.clone(), write,
-                         torch.zeros(size + K, self.cache.capacity, dtype=torch.bool, device=device),
-                         torch.zeros(K + 1, dtype=torch.long, device=device))
-        bucket.mask[torch.arange(size + K, device=device), write] = True   # each row sees itself: no empty row
+                         torch.zeros(size, c.hidden_size, device=device, dtype=dtype), sizes_host,
+                         fixed_step.on(device, sizes_host))
         if size in BUCKETS:
             if self.graphs == CUDA:
                 bucket.graph, (bucket.logits,) = fixed_step.capture_graph(lambda: (self._compute(bucket),))
@@ -106,41 +102,47 @@ class FixedDraft:
         return bucket
 
     def _fill(self, bucket: _Bucket, features, embeds, P: int, S: int) -> None:
+        """The S real rows' inputs (the padded rows' are never seen) and P, S: one copy each."""
+        bucket.features[:S] = features
+        bucket.embeds[:S] = embeds
+        bucket.sizes_host[0], bucket.sizes_host[1] = P, S
+        bucket.sizes.copy_(bucket.sizes_host, non_blocking=True)   # from pageable memory: staged before it returns
+
+    def _layout(self, bucket: _Bucket, span: int):
+        """From P and S on the device: each row's rotary position and cache entry, what it sees [B + K, span], and
+        the rows whose logits the step returns (the last real row and the slots)."""
         size, K = bucket.features.shape[0], self.head.config.n_mask
-        device = bucket.mask.device
-        bucket.features.zero_()
-        bucket.features[:S] = features.to(bucket.features.dtype)
-        bucket.embeds.zero_()
-        bucket.embeds[:S] = embeds.to(bucket.embeds.dtype)
-        real, slots = torch.arange(S, device=device), torch.arange(K, device=device)
-        bucket.positions.fill_(P)
-        bucket.positions[:S] = P + real
-        bucket.positions[size:] = P + S + slots
-        bucket.write.copy_(torch.arange(P, P + size + K, device=device))
-        fill_mask(bucket.mask[:size], P, S, None)   # the real rows causal over the cache, the padded ones alone
-        bucket.mask[size:] = False
-        bucket.mask[size:, : P + S] = True
-        bucket.mask[size:, P + size: P + size + K] = block_or_causal(None, K, device)   # the slots, causal
-        bucket.rows[0] = S - 1
-        bucket.rows[1:] = size + slots
+        P, S = bucket.sizes[0], bucket.sizes[1]
+        device = bucket.sizes.device
+        row = torch.arange(size + K, device=device)
+        slot = row - size                                           # a mask slot's index (rows from `size`)
+        real, padded = row < S, (row >= S) & (slot < 0)
+        positions = torch.where(real, P + row, torch.where(slot >= 0, P + S + slot, P))
+        entry = torch.arange(span, device=device)[None] - P         # cache entries from the first new row's
+        row, slot = row[:, None], slot[:, None]
+        mask = (real[:, None] & (entry <= row)) | (padded[:, None] & (entry == row)) | \
+            ((slot >= 0) & ((entry < S) | ((entry >= size) & (entry - size <= slot))))
+        rows = torch.cat([(S - 1).clamp(min=0)[None], size + torch.arange(K, device=device)])   # S = 0: warm-ups
+        return positions, P + row[:, 0], mask, rows
 
     def _compute(self, bucket: _Bucket) -> torch.Tensor:
         """The step's arithmetic from the bucket's inputs (what a graph captures): DraftHead.forward's, the keys and
         values written at `write`, the attention over the whole cache under `mask`."""
         head, c = self.head, self.head.config
         keys, values = self.cache.kv[0]
-        K, H, T = c.n_mask, c.hidden_size, bucket.positions.shape[0]
+        positions, write, mask, rows = self._layout(bucket, self.cache.capacity)
+        K, H, T = c.n_mask, c.hidden_size, positions.shape[0]
         x, g = head._input(bucket.features, bucket.embeds)
         x = torch.cat([x, head.mask_embed.to(x.dtype).expand(K, -1)], dim=0)
         residual = torch.cat([g, head.mask_embed[:H].to(g.dtype).expand(K, -1)], dim=0)
         q = head.q_proj(x).view(T, c.num_heads, c.head_dim).transpose(0, 1)
         k = head.k_proj(x).view(T, c.num_kv_heads, c.head_dim).transpose(0, 1)
         v = head.v_proj(x).view(T, c.num_kv_heads, c.head_dim).transpose(0, 1)
-        q, k = rope(q, bucket.positions, c.rope_theta), rope(k, bucket.positions, c.rope_theta)
-        keys.index_copy_(1, bucket.write, k.to(keys.dtype))
-        values.index_copy_(1, bucket.write, v.to(values.dtype))
+        q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)
+        keys.index_copy_(1, write, k.to(keys.dtype))
+        values.index_copy_(1, write, v.to(values.dtype))
         rep = c.num_heads // c.num_kv_heads
         attn = F.scaled_dot_product_attention(q, keys.repeat_interleave(rep, 0).to(q.dtype),
-                                              values.repeat_interleave(rep, 0).to(q.dtype), attn_mask=bucket.mask)
+                                              values.repeat_interleave(rep, 0).to(q.dtype), attn_mask=mask)
         h = residual + head.o_proj(attn.transpose(0, 1).reshape(T, -1))
-        return head._mlp_and_logits(h.index_select(0, bucket.rows), self.out_weight, self.output)
+        return head._mlp_and_logits(h.index_select(0, rows), self.out_weight, self.output)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 FIXED_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # rows a step is padded to
@@ -20,11 +21,13 @@ WARMUP_RUNS = 2   # eager runs before a capture (on a side stream, as CUDA graph
 
 @dataclass
 class Captured:
-    """One bucket's inputs, outputs and (on a GPU) its graph: replaying it reads the inputs and fills the outputs."""
-    ids: torch.Tensor          # [B] token ids (padding: 0)
-    positions: torch.Tensor    # [B] positions (padding: the block's first)
-    write: torch.Tensor        # [B] cache entries the rows' keys and values go to: past .. past + B - 1
-    mask: torch.Tensor         # [B, capacity] bool: what each row sees
+    """One bucket's inputs, outputs and (on a GPU) its graph: replaying it reads the inputs and fills the outputs.
+    The inputs come from the host in two copies a step (`host` and `block_host` to `inputs` and `block`); everything
+    else a step needs (the cache entries it writes, the mask over the cache) the step computes from them."""
+    host: torch.Tensor         # [2B + 2] int64 on the host: token ids (padding 0), positions, then past and n
+    block_host: torch.Tensor   # [B, B] bool on the host: what each of the n real rows sees of the block
+    inputs: torch.Tensor       # the two on the device, where the step reads them
+    block: torch.Tensor
     logits: torch.Tensor | None = None
     feats: torch.Tensor | None = None
     graph: object | None = None
@@ -44,16 +47,21 @@ class FixedStep:
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor | None, last_only: bool,
             features: bool):
+        """ids, positions [n] and block_mask [n, n] (None: causal) on the host: the step's inputs are written there
+        and copied to the device in two copies, which the device does not wait for."""
         cache, n = self.cache, ids.shape[0]
         past = cache.length
         bucket = next(b for b in FIXED_BUCKETS if b >= n)
         step = self.buckets.get(bucket) or self._prepare(bucket)
-        step.ids.zero_()
-        step.ids[:n] = ids
-        step.positions.fill_(past)
-        step.positions[:n] = positions
-        step.write.copy_(torch.arange(past, past + bucket, device=ids.device))
-        fill_mask(step.mask, past, n, block_mask)
+        host = step.host.numpy()
+        host[:n], host[n:bucket] = ids.cpu().numpy(), 0
+        host[bucket: bucket + n], host[bucket + n: 2 * bucket] = positions.cpu().numpy(), past
+        host[2 * bucket:] = past, n
+        block = step.block_host.numpy()
+        block[:] = False
+        block[:n, :n] = block_mask.cpu().numpy() if block_mask is not None else np.tri(n, dtype=bool)
+        step.inputs.copy_(step.host, non_blocking=True)   # from pageable memory: staged before the call returns
+        step.block.copy_(step.block_host, non_blocking=True)
         if step.graph is not None:
             step.graph.replay()
         else:
@@ -69,15 +77,21 @@ class FixedStep:
                 self._prepare(bucket)
 
     def _step(self, step: Captured):
-        return self.lean.step(step.ids, step.positions, self.kv, step.write, self.kv.shape[3], step.mask,
-                              self.lean.taps, False)
+        """The step from its inputs on the device (what a graph captures): the rows' ids and positions, the cache
+        entries past..past + B - 1 they write, and what each row sees."""
+        bucket, inputs = step.block.shape[0], step.inputs
+        past, n = inputs[2 * bucket], inputs[2 * bucket + 1]
+        rows = torch.arange(bucket, device=inputs.device)
+        mask = sees(step.block, past, n, self.kv.shape[3])
+        return self.lean.step(inputs[:bucket], inputs[bucket: 2 * bucket], self.kv, past + rows, self.kv.shape[3],
+                              mask, self.lean.taps, False)
 
     def _prepare(self, bucket: int) -> Captured:
         device, past = self.kv.device, self.cache.length
-        write = torch.arange(past, past + bucket, device=device)   # entries past the valid ones: warm-ups may write
-        step = Captured(torch.zeros(bucket, dtype=torch.long, device=device), write.clone(), write,
-                        torch.zeros(bucket, self.kv.shape[3], dtype=torch.bool, device=device))
-        step.mask[torch.arange(bucket, device=device), write] = True
+        host = torch.zeros(2 * bucket + 2, dtype=torch.long)
+        host[bucket:] = past   # no real row: the warm-ups write past the valid entries, each row seeing itself
+        block_host = torch.zeros(bucket, bucket, dtype=torch.bool)
+        step = Captured(host, block_host, on(device, host), on(device, block_host))
         if self.lean.graphs == "cuda":
             step.graph, (step.logits, step.feats) = capture_graph(lambda: self._step(step))
         self.buckets[bucket] = step
@@ -100,15 +114,22 @@ def capture_graph(fn):
     return graph, outputs
 
 
-def fill_mask(mask: torch.Tensor, past: int, n: int, block_mask: torch.Tensor | None) -> None:
-    """Rows see the cache's `past` entries and, inside the block, the tree's mask (None: causal); padded rows see
-    only their own entry."""
-    bucket = mask.shape[0]
-    mask.zero_()
-    mask[:n, :past] = True
-    mask[:n, past: past + n] = block_or_causal(block_mask, n, mask.device)
-    pad = torch.arange(n, bucket, device=mask.device)
-    mask[pad, past + pad] = True
+def on(device, host: torch.Tensor) -> torch.Tensor:
+    """A copy of `host` on `device`: a buffer of its own, where a step's inputs are copied to (on a CPU too, so that
+    the host's buffer can be written for the next step as on a GPU)."""
+    return torch.empty_like(host, device=device).copy_(host)
+
+
+def sees(block: torch.Tensor, past, n, span: int) -> torch.Tensor:
+    """[B, span] bool, what each of a bucket's B rows sees of the cache: a real row (the first n) the `past` entries
+    before the block and, inside it, what `block` [B, B] says; a padded row only its own entry, past + row. past and
+    n may be device tensors (a captured step reads them there: no value goes to the host)."""
+    rows = torch.arange(block.shape[0], device=block.device)[:, None]
+    inside = torch.arange(span, device=block.device)[None] - past          # entries from the block's first
+    in_block = (inside >= 0) & (inside < n)
+    of_block = block.gather(1, inside.clamp(0, block.shape[0] - 1).expand(block.shape[0], span))
+    real = rows < n
+    return (real & ((inside < 0) | (in_block & of_block))) | (~real & (inside == rows))
 
 
 def block_or_causal(block_mask: torch.Tensor | None, n: int, device) -> torch.Tensor:

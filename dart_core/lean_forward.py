@@ -180,7 +180,8 @@ class LeanForward:
                 taps: tuple[int, ...] = (), last_only: bool = False, choices: bool = False):
         """ids, positions [n] appended at cache.length; block_mask [n, n] (bool: row i sees block entry j) or None
         for a causal block. Returns logits [n or 1, V] (with `choices`, each row's greedy choice instead, [n or 1])
-        and the tap layers' inputs [n, 3H] (None without taps)."""
+        and the tap layers' inputs [n, 3H] (None without taps). The inputs are best given on the host: the
+        fixed-shape steps read them there, and the others copy them to the device without waiting for it."""
         past, n = cache.length, ids.shape[0]
         graphs = self.graphs != OFF and n <= FIXED_BUCKETS[-1] and taps in ((), self.taps)
         if not graphs and self.native is not None and self.native.serves(n, block_mask):
@@ -188,6 +189,9 @@ class LeanForward:
         if graphs:
             logits, feats = fixed_step(self, cache).run(ids, positions, block_mask, last_only, features=bool(taps))
         else:
+            device = self.embed.device
+            ids, positions = ids.to(device, non_blocking=True), positions.to(device, non_blocking=True)
+            block_mask = None if block_mask is None else block_mask.to(device, non_blocking=True)
             cache.reserve(past + n)
             mask = None
             if n > 1:   # the cache is seen whole; inside the block, the tree's (or the causal) mask

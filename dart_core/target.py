@@ -258,6 +258,7 @@ class TargetModel:
         if isinstance(cache, StaticKV):   # the lean forward takes the block's own [k, k] mask (None: causal)
             block = attention_mask[0, 0, :, -ids.shape[0]:] if attention_mask is not None else None
             return self._lean_forward(ids, position_ids, cache, block, features, last_only)
+        ids, position_ids = ids.to(self.device, non_blocking=True), position_ids.to(self.device, non_blocking=True)
         inputs = {"input_ids": ids[None], "position_ids": position_ids[None], "attention_mask": attention_mask,
                   self.cache_kwarg: cache, "use_cache": True}
         logits, feats = self._logits_and_features(inputs, features, last_only)
@@ -275,9 +276,8 @@ class TargetModel:
 
     def prefill(self, prompt_ids: list[int], cache: DynamicCache, features: bool = False):
         """Run the prompt. Returns (last-position logits [V], prompt features [L, 3H] or None)."""
-        ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
-        pos = torch.arange(len(prompt_ids), device=self.device)
-        logits, feats = self.forward(ids, pos, cache, features=features, last_only=True)
+        ids = torch.tensor(prompt_ids, dtype=torch.long)   # on the host: each forward copies what it needs
+        logits, feats = self.forward(ids, torch.arange(len(prompt_ids)), cache, features=features, last_only=True)
         return logits[-1], feats
 
     def verify(self, tree: TokenTree, cache: DynamicCache | StaticKV, features: bool = False, choices: bool = False):
@@ -290,12 +290,13 @@ class TargetModel:
         """
         past = cache.get_seq_length()
         n = len(tree)
-        ids = torch.tensor(tree.tokens, dtype=torch.long, device=self.device)
-        pos = torch.tensor(tree.depths, dtype=torch.long, device=self.device) + past
+        ids = torch.tensor(tree.tokens, dtype=torch.long)   # on the host: each forward copies what it needs
+        pos = torch.tensor(tree.depths, dtype=torch.long) + past
         chain = tree.parents == list(range(-1, n - 1))
         if isinstance(cache, StaticKV):
-            return self._lean_forward(ids, pos, cache, None if chain else tree.ancestor_mask(self.device), features,
+            return self._lean_forward(ids, pos, cache, None if chain else tree.ancestor_mask(), features,
                                       choices=choices)
+        ids, pos = ids.to(self.device, non_blocking=True), pos.to(self.device, non_blocking=True)
         if chain:
             mask = None  # a chain (plain decoding, prompt lookup): the model's own causal mask is the tree mask
         else:

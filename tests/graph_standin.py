@@ -4,7 +4,6 @@ capture read, and a captured step may hold only what a CUDA graph can capture.""
 
 from __future__ import annotations
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dart_core import fixed_step

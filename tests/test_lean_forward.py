@@ -9,7 +9,7 @@ import torch
 from dart_core.decoding import GenerationConfig, run
 from dart_core.machine.kernels import measure_plan
 from dart_core import draft_fixed
-from dart_core.fixed_step import FIXED_BUCKETS
+from dart_core.fixed_step import FIXED_BUCKETS, FixedStep as FixedStepOf, sees
 from dart_core.lean_forward import CUDA, EAGER, LeanForward, StaticKV
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
@@ -18,7 +18,8 @@ from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, r
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
 from dart_core.setup.tiny_models import random_prompts as prompts
-from tests.graph_standin import CapturableOnly, play_captures
+from tests.device_reads import DeviceReads
+from tests.graph_standin import CapturableOnly, ReplayedOnTheCpu, play_captures
 from tests.lean_pairs import NATIVE, STEPS, lean_pair
 
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -185,3 +186,74 @@ def test_graphs_are_captured_in_the_first_decode_and_serve_prompts_of_every_leng
                 captured = len(graphs)
     assert captured == len(FIXED_BUCKETS) + len(draft_fixed.BUCKETS)   # the target's and the head's, all at once
     assert len(graphs) == captured
+
+
+def test_a_bucket_sees_the_cache_its_block_and_padded_rows_themselves():
+    gen = torch.Generator().manual_seed(0)
+    for bucket, past, n in ((1, 0, 1), (4, 5, 3), (8, 0, 8), (8, 9, 1), (16, 30, 11)):
+        block = torch.rand(bucket, bucket, generator=gen) < 0.5
+        block[n:] = block[:, n:] = False   # as the step's host buffer holds it: nothing past the real rows
+        span = past + bucket + 3
+        expected = torch.zeros(bucket, span, dtype=torch.bool)
+        for r in range(bucket):
+            if r < n:
+                expected[r, :past] = True
+                expected[r, past: past + n] = block[r, :n]
+            else:
+                expected[r, past + r] = True
+        assert torch.equal(sees(block, torch.tensor(past), torch.tensor(n), span), expected), (bucket, past, n)
+
+
+class DeviceWork(DeviceReads):
+    """Every operation on a device tensor, outside the captured steps (each a kernel launch on a GPU)."""
+    captured = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        view = not func._schema.is_mutable and any(r.alias_info is not None for r in func._schema.returns)
+        if not (self.captured or view) and any(self.is_on_device(t) for t in _flat([args, kwargs or {}])):
+            self.reads[str(func.overloadpacket)] += 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _flat(tree):
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, (list, tuple, dict)):
+        for item in tree.values() if isinstance(tree, dict) else tree:
+            yield from _flat(item)
+
+
+def test_outside_its_captured_steps_a_decode_step_launches_a_few_operations(one_thread, monkeypatch):
+    """On a GPU each operation outside a graph is a launch of its own from Python: a step's inputs go in two copies
+    (the target's) and four (the head's), and what the step needs of them it computes inside its graph."""
+    play_captures(monkeypatch)
+    _, lean = lean_pair("qwen3", seed=5, graphs=CUDA)
+    head = random_head(lean)
+    proposer = DartProposer(HeadDrafter(head, lean), SearchConfig(node_budget=12))
+    prompt = prompts(1, lean.vocab_size, seed=6)[0]
+    work = DeviceWork()
+    for step, name in ((FixedStepOf, "_step"), (draft_fixed.FixedDraft, "_compute"), (ReplayedOnTheCpu, "replay")):
+        inner = getattr(step, name)
+
+        def captured(*args, inner=inner, **kwargs):
+            work.captured += 1
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                work.captured -= 1
+        monkeypatch.setattr(step, name, captured)
+    per_step = {}
+    for p in (VanillaProposer(), proposer):
+        run(lean, p, prompt, GenerationConfig(max_new_tokens=4))   # the caches made, every bucket captured
+        work.on_device(*(b for c in lean.lean._free for s in c.fixed.buckets.values() for b in (s.inputs, s.block)),
+                       *(c.kv for c in lean.lean._free))
+        if p is proposer:
+            fixed = proposer.drafter.fixed
+            work.on_device(fixed.cache.kv, *(t for b in fixed.buckets.values() for t in (b.features, b.embeds,
+                                                                                          b.sizes)))
+        work.reads.clear()
+        with work:
+            trace = run(lean, p, prompt, GenerationConfig(max_new_tokens=16))
+        per_step[p.name] = sum(work.reads.values()) / len(trace.steps)   # the prompt's step too
+    # before, the inputs were written into the device's buffers piece by piece: 17 launches a plain step, 45 a DART one
+    assert per_step["vanilla"] <= 3 and per_step["dart"] <= 15, per_step
