@@ -11,9 +11,12 @@ import torch
 from dart_core.decoding import GenerationConfig, run
 from dart_core.draft_head import DraftHead, DraftHeadError
 from dart_core.proposers import DartProposer, HeadDrafter
-from dart_core.training import data as data_mod, trainer as trainer_mod
+from dart_core.training import data as data_mod, loss as loss_mod
 from dart_core.training.head_forward import train_logits
-from dart_core.training.trainer import SoftCrossEntropy, Trainer, TrainConfig, choose_draft_vocab, sequence_batch
+from dart_core.training.anchors import sequence_batch
+from dart_core.training.head_setup import choose_draft_vocab
+from dart_core.training.loss import SoftCrossEntropy
+from dart_core.training.trainer import Trainer, TrainConfig
 from dart_core.training.data import cached_example, sequence_example, top_labels
 from dart_core.training.records import AnchorBatch, SequenceExample
 from dart_core.setup.tiny_models import plain_greedy_reference, tiny_target
@@ -186,7 +189,7 @@ def reference_soft_ce(logits, ids, probs):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_chunked_soft_cross_entropy_is_autograds(monkeypatch, dtype):
-    monkeypatch.setattr(trainer_mod, "LOSS_CHUNK_ROWS", 4)  # 7 * 3 rows: chunks, and a short last one
+    monkeypatch.setattr(loss_mod, "LOSS_CHUNK_ROWS", 4)  # 7 * 3 rows: chunks, and a short last one
     gen = torch.Generator().manual_seed(0)
     logits = (3 * torch.randn(7, 3, 50, generator=gen)).to(dtype)
     ids = torch.randint(0, 50, (7, 3, 4), generator=gen)

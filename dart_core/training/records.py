@@ -38,7 +38,7 @@ class SequenceExample:
 
 @dataclass
 class AnchorBatch:
-    """One sequence's anchors and what each of their rows is scored against (trainer.sequence_batch): row r of
+    """One sequence's anchors and what each of their rows is scored against (anchors.sequence_batch): row r of
     anchor p predicts the token at p+2+r, whose target distribution is the target's output at position p+1+r.
     Several sequences' batches `stack` into one, every field with a leading axis B, padded to the most anchors."""
     anchors: torch.Tensor         # [A] positions, sorted
@@ -71,7 +71,7 @@ def minutes_trained(sessions: list[dict]) -> float:
 
 @dataclass
 class RowStats:
-    """Per-row top-1 hits and per-anchor consecutive-correct counts of a forward (trainer.row_stats), over the
+    """Per-row top-1 hits and per-anchor consecutive-correct counts of a forward (anchors.row_stats), over the
     anchors whose every row lies inside the text, as float tensors where the forward ran; stats of several forwards
     add up with +."""
     hit1: torch.Tensor            # [R] anchors whose row r's top-1 is the target's argmax

@@ -3,7 +3,8 @@
 Each step takes one sequence, picks up to `anchors` positions in its response, gives each its K mask slots (one
 block-masked forward for all of them: `DraftHead.forward_train`, computed only on the rows the loss reads, see
 head_forward.py), and scores row r of anchor p against the target's own top-k distribution at position p+1+r
-(soft cross-entropy, per-row weights decaying with depth).
+(soft cross-entropy, per-row weights decaying with depth). What a step computes of its sequences: anchors.py;
+the loss: loss.py; a new head's vocabulary, output layer and feature statistics: head_setup.py.
 
 Formats: `dartlab` (ours) or `authors` (the DART authors' files, fvliang/DART). Their head applies the final norm
 twice, which no weights of a single-norm head reproduce exactly (see head_formats.authors_compatible), so an
@@ -38,7 +39,10 @@ from ..machine.hardware import detect
 from ..formats.head_formats import save_authors
 from ..target import TargetModel
 from . import distributed
+from .anchors import head_logits, row_stats, sequence_batch
 from .head_forward import TrainingForward
+from .head_setup import choose_draft_vocab, grow_draft_vocab, init_from_target, set_feature_stats, vocab_coverage
+from .loss import soft_ce
 from .progress import Progress
 from .records import AnchorBatch, Evaluation, RowStats, SequenceExample, minutes_trained
 
@@ -71,222 +75,6 @@ class TrainConfig:
     head_format: str = "dartlab"     # "authors": their architecture (double norm, feature scales without a mean)
 
 
-# ---------------------------------------------------------------------------------------------- preparation
-def choose_draft_vocab(seqs: list[SequenceExample], size: int, must_include=(),
-                       corpus_counts: torch.Tensor | None = None) -> torch.Tensor:
-    """The `size` most frequent target-argmax tokens of the responses (plus stop ids), as d2t: draft -> target.
-
-    corpus_counts ([V] token counts of a large corpus, e.g. the n-gram table's unigrams) are added, scaled to the
-    same total, so that a small sample of sequences does not decide the whole vocabulary."""
-    vocab = max(int(max(int(s.label_ids.max()) for s in seqs)) + 1,
-                0 if corpus_counts is None else corpus_counts.numel())
-    counts = torch.zeros(vocab, dtype=torch.float64)
-    for s in seqs:
-        counts += torch.bincount(s.response_argmax(), minlength=vocab)[:vocab].double()
-    if corpus_counts is not None and corpus_counts.sum() > 0:
-        counts[: corpus_counts.numel()] += corpus_counts.double() * (counts.sum() / corpus_counts.sum())
-    order = torch.argsort(counts, descending=True, stable=True)
-    chosen = list(dict.fromkeys(int(t) for t in must_include))
-    for t in order.tolist():
-        if len(chosen) >= size:
-            break
-        if t not in chosen:
-            chosen.append(t)
-    return torch.tensor(sorted(chosen[:size]), dtype=torch.long)
-
-
-def vocab_coverage(seqs: list[SequenceExample], d2t: torch.Tensor, vocab_size: int) -> float:
-    """Share of the responses' target-argmax tokens that the draft vocabulary contains."""
-    inside = torch.zeros(vocab_size, dtype=torch.bool)
-    inside[d2t] = True
-    hit = total = 0
-    for s in seqs:
-        labels = s.response_argmax()
-        hit += int(inside[labels].sum())
-        total += labels.numel()
-    return hit / max(total, 1)
-
-
-@torch.no_grad()
-def init_from_target(head: DraftHead, target: TargetModel) -> None:
-    """Start the draft layer as a copy of the target's last decoder layer (the feature half of q/k/v)."""
-    H = head.config.hidden_size
-    last = target.layers[-1]
-    attn, mlp = last.self_attn, last.mlp
-    for name in ("q_proj", "k_proj", "v_proj"):
-        src = getattr(attn, name).weight
-        dst = getattr(head, name).weight
-        if dst.shape == (src.shape[0], 2 * H):
-            dst[:, H:].copy_(src)
-            dst[:, :H].normal_(std=0.02)
-    if head.o_proj.weight.shape == attn.o_proj.weight.shape:
-        head.o_proj.weight.copy_(attn.o_proj.weight)
-    for name in ("gate_proj", "up_proj", "down_proj"):
-        if getattr(head, name).weight.shape == getattr(mlp, name).weight.shape:
-            getattr(head, name).weight.copy_(getattr(mlp, name).weight)
-    head.post_attn_norm.weight.copy_(last.post_attention_layernorm.weight)
-    if head.config.double_norm:
-        head.final_norm.weight.fill_(1.0)   # the target's norm weight goes into the output rows instead
-    else:
-        head.final_norm.weight.copy_(target.model.model.norm.weight)
-    if head.lm_head is not None:
-        head.lm_head.weight.copy_(target_output_rows(head, target, head.d2t))
-
-
-@torch.no_grad()
-def target_output_rows(head: DraftHead, target: TargetModel, d2t: torch.Tensor | None) -> torch.Tensor:
-    """The target's output rows for the draft vocabulary `d2t`, as the head's output layer starts. A double-norm
-    head starts with a unit norm weight and the target's norm weight folded into these rows: its logits
-    lm_head(n(n(h))) are then the target's lm_head(norm(h)) (up to eps), as a single-norm head's start."""
-    weight = target.lm_head.weight
-    rows = weight if d2t is None else weight[d2t.to(weight.device)]
-    if head.config.double_norm:
-        rows = rows * target.model.model.norm.weight.to(rows.dtype)[None]
-    return rows.to(head.lm_head.weight.device, head.lm_head.weight.dtype)
-
-
-@torch.no_grad()
-def grow_draft_vocab(head: DraftHead, target: TargetModel, d2t: torch.Tensor) -> DraftHead:
-    """A copy of `head` over the larger draft vocabulary `d2t` (sorted target ids, a superset of head.d2t).
-    Learned output rows are kept; rows of new tokens start as the target's output rows, as at init."""
-    old, d2t = head.d2t, d2t.to(head.d2t.device)
-    if not bool(torch.isin(old, d2t).all()):
-        raise ValueError("the new draft vocabulary must contain the old one")
-    grown = DraftHead(replace(head.config, draft_vocab_size=len(d2t))).to(old.device)
-    state = {k: v for k, v in head.state_dict().items() if k not in ("d2t", "lm_head.weight")}
-    grown.load_state_dict(state, strict=False)
-    grown.d2t.copy_(d2t)
-    rows = target_output_rows(grown, target, d2t)
-    rows[torch.searchsorted(d2t, old)] = head.lm_head.weight
-    grown.lm_head.weight.copy_(rows)
-    return grown
-
-
-@torch.no_grad()
-def set_feature_stats(head: DraftHead, seqs: list[SequenceExample], sample: int = 200, center: bool = True) -> None:
-    """Per-dimension feature standardisation from the first `sample` sequences: (x - mean) / std, or without a
-    mean (center=False) x / rms, which folds into fc exactly (the authors' format has no bias for a mean)."""
-    feats = torch.cat([s.features.float() for s in seqs[:sample]])
-    if center:
-        head.feature_mean.copy_(feats.mean(0))
-        head.feature_std.copy_(feats.std(0).clamp_min(1e-3))
-    else:
-        head.feature_mean.zero_()
-        head.feature_std.copy_(feats.pow(2).mean(0).sqrt().clamp_min(1e-3))
-
-
-# ---------------------------------------------------------------------------------------------- one sequence
-def sequence_batch(seq: SequenceExample, n_rows: int, n_anchors: int, rng: random.Random,
-                   t2d: torch.Tensor | None) -> AnchorBatch | None:
-    """Anchors and targets for one sequence (None: no anchor in it). Row r of anchor p predicts the token at p+2+r,
-    whose target distribution is the target's output at position p+1+r."""
-    T, start = seq.ids.numel(), seq.prompt_len - 1
-    valid = list(range(max(start, 0), T - 2))  # anchor p: committed through p, the root x_{p+1} is a response token
-    if not valid:
-        return None
-    anchors = torch.tensor(sorted(rng.sample(valid, min(n_anchors, len(valid)))))
-    pos = anchors[:, None] + 1 + torch.arange(n_rows)[None]          # [A, R]
-    row_ok = pos <= T - 1
-    pos = pos.clamp(max=T - 1)
-    label_ids = seq.label_ids.long()[pos]                              # [A, R, k]
-    label_probs = seq.label_probs.float()[pos]
-    if t2d is not None:
-        label_ids = t2d[label_ids]
-        label_probs = label_probs * (label_ids >= 0)
-        label_ids = label_ids.clamp_min(0)
-    argmax_in_vocab = label_probs[..., 0] > 0
-    label_probs = label_probs / label_probs.sum(-1, keepdim=True).clamp_min(1e-8)
-    mass_ok = label_probs.sum(-1) > 0
-    return AnchorBatch(anchors, label_ids, label_probs, weight_mask=row_ok & mass_ok, argmax=label_ids[..., 0],
-                       argmax_ok=row_ok & argmax_in_vocab, row_ok=row_ok,
-                       real=torch.ones(anchors.shape[0], dtype=torch.bool))
-
-
-def head_logits(forward, target: TargetModel, seqs: list[SequenceExample], anchors: torch.Tensor) -> torch.Tensor:
-    """The head's logits [B, A, R, Vd] for the anchors [B, A] (on the host) of B sequences (padded:
-    AnchorBatch.stack), each as `DraftHead.forward_train` gives them (a trained head has its own output layer).
-    forward: a TrainingForward of the head (or its DDP wrapper). The inputs are gathered on the host and sent in one
-    copy of each kind, which a GPU does not wait for."""
-    device = target.device
-    ends = anchors.max(dim=1).values + 1   # positions past a sequence's last anchor are never attended to
-    n = int(ends.max())
-    feats = torch.zeros(len(seqs), n, seqs[0].features.shape[1], dtype=seqs[0].features.dtype)
-    ids = torch.zeros(len(seqs), n, dtype=torch.long)
-    for b, (seq, end) in enumerate(zip(seqs, ends.tolist())):
-        feats[b, :end] = seq.features[:end]
-        ids[b, :end] = seq.ids[1:end + 1]   # position i: token i+1
-    past_end = (torch.arange(n) >= ends[:, None])[..., None]
-    with torch.no_grad():
-        embeds = target.embed_tokens(ids.to(device, non_blocking=True)).float()
-        embeds = embeds.masked_fill_(past_end.to(device, non_blocking=True), 0.0)
-    return forward(feats.to(device, non_blocking=True).float(), embeds, anchors.to(device, non_blocking=True))
-
-
-def row_stats(logits: torch.Tensor, batch: AnchorBatch) -> RowStats:
-    """Per-row top-1 hits, and per-anchor consecutive-correct counts for top-1 and top-3 (over every sequence of a
-    stacked batch), as tensors where the logits are: the host reads them once a step or an evaluation."""
-    R, V = logits.shape[-2:]
-    top3 = logits.reshape(-1, R, V).topk(3, dim=-1).indices            # [A, R, 3]
-    full = batch.row_ok.reshape(-1, R).all(-1)                         # anchors with every row inside the text
-    counted = batch.argmax_ok.reshape(-1, R) & full[:, None]           # masks, not indexing: no wait for a count
-    argmax = batch.argmax.reshape(-1, R)
-    hit1 = (top3[..., 0] == argmax) & counted
-    hit3 = (top3 == argmax[..., None]).any(-1) & counted
-    chain1 = hit1.int().cumprod(-1).sum(-1)                            # 0 for the anchors left out
-    chain_hist = torch.zeros(R + 1, device=logits.device).index_add_(0, chain1, full.float())
-    return RowStats(hit1.float().sum(0), full.sum().float(), chain1.sum().float(),
-                    hit3.int().cumprod(-1).sum(-1).sum().float(), chain_hist)
-
-
-LOSS_CHUNK_ROWS = 128  # rows of logits per pass on a CPU: their float copy stays in cache (one pass over [A, R, Vd]
-                       # is memory-bound on these CPUs: 3x faster in chunks, measured in docs/training.md)
-LOSS_CHUNK_ROWS_GPU = 16384   # on a GPU each pass costs kernel launches and memory is ample: a batch in one or two
-
-
-def loss_chunk_rows(logits: torch.Tensor) -> int:
-    """Rows of logits per pass of the loss and its gradient, where they run."""
-    return LOSS_CHUNK_ROWS if logits.device.type == "cpu" else LOSS_CHUNK_ROWS_GPU
-
-
-class SoftCrossEntropy(torch.autograd.Function):
-    """-sum_j p_j log softmax(z)_j per row, for labels given as top-k (ids, probs), written as
-    sum(p) * logsumexp(z) - sum_j p_j z_j; its gradient is softmax(z) * sum(p) - p (scattered). Both are made a
-    chunk of rows at a time: autograd's log_softmax, gather and their backwards make five full-size float tensors."""
-
-    @staticmethod
-    def forward(ctx, logits, ids, probs):
-        flat, chunk = logits.reshape(-1, logits.shape[-1]), loss_chunk_rows(logits)
-        lse = torch.cat([torch.logsumexp(flat[i:i + chunk].float(), dim=-1)
-                         for i in range(0, flat.shape[0], chunk)]).view(logits.shape[:-1])
-        ctx.save_for_backward(logits, lse, ids, probs)
-        return probs.sum(-1) * lse - (probs * logits.gather(-1, ids).float()).sum(-1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        logits, lse, ids, probs = ctx.saved_tensors
-        V, k = logits.shape[-1], ids.shape[-1]
-        flat, shift = logits.reshape(-1, V), lse.reshape(-1, 1)
-        scale = (probs.sum(-1) * grad).reshape(-1, 1)
-        ids, minus_p = ids.reshape(-1, k), (-probs * grad[..., None]).reshape(-1, k)
-        out = torch.empty_like(flat)
-        chunk = loss_chunk_rows(logits)
-        for i in range(0, flat.shape[0], chunk):
-            rows = slice(i, i + chunk)
-            # out of place first: for fp32 logits `.float()` is the saved tensor itself, which must stay unchanged
-            g = (flat[rows].float() - shift[rows]).exp_().mul_(scale[rows])
-            out[rows] = g.scatter_add_(-1, ids[rows], minus_p[rows])   # in float: rounded once, as autograd's
-        return out.view(logits.shape), None, None
-
-
-def soft_ce(logits: torch.Tensor, batch: AnchorBatch, row_weights: torch.Tensor) -> torch.Tensor:
-    """A sequence's loss: the mean over its scored rows of each row's soft cross-entropy, row r weighted
-    row_weights[r]. A scalar, or [B] for a stacked batch (each sequence's own mean)."""
-    per = SoftCrossEntropy.apply(logits, batch.label_ids, batch.label_probs)  # [..., A, R]
-    w = row_weights * batch.weight_mask
-    return (per * w).sum((-2, -1)) / w.sum((-2, -1)).clamp_min(1e-8)
-
-
-# ---------------------------------------------------------------------------------------------- loop
 def native_bf16(device: torch.device) -> bool:
     """bf16 matmuls in hardware: a GPU, or a CPU whose oneDNN has a bf16 path (AVX-512 BF16 / AMX). An AVX2 CPU
     has none, so there the head trains in fp32."""
