@@ -171,7 +171,7 @@ class HeadDrafter(Drafter):
         P, S = self.cache.length, new_features.shape[0]
         if P + S != len(context) - 1:
             raise RuntimeError(f"draft cache out of step: {P} cached + {S} new != {len(context) - 1} committed")
-        ids = torch.tensor(context[P + 1:], dtype=torch.long, device=self.target.device)
+        ids = torch.tensor(context[P + 1:], dtype=torch.long).to(self.target.device, non_blocking=True)   # no wait
         embeds = self.target.embed_tokens(ids)
         if self.native is not None:
             return self.native.step(new_features, embeds, self.cache)
