@@ -27,14 +27,14 @@ def reads_on_host(func, args) -> bool:
     return name in HOST_READS or by_mask or by_counts
 
 
-def _tensors(tree):
+def tensors_in(tree):
     if isinstance(tree, torch.Tensor):
         yield tree
     elif isinstance(tree, (list, tuple)):
         for item in tree:
-            yield from _tensors(item)
+            yield from tensors_in(item)
     elif isinstance(tree, dict):
-        yield from _tensors(list(tree.values()))
+        yield from tensors_in(list(tree.values()))
 
 
 class DeviceReads(TorchDispatchMode):
@@ -57,14 +57,14 @@ class DeviceReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        from_device = any(self.is_on_device(t) for t in _tensors([args, kwargs]))
+        from_device = any(self.is_on_device(t) for t in tensors_in([args, kwargs]))
         if from_device and reads_on_host(func, args):
             self.reads[str(func.overloadpacket)] += 1
         out = func(*args, **kwargs)
         if from_device:
             written = [args[0]] if func._schema.is_mutable and isinstance(args[0], torch.Tensor) else []
             # a write into a view of a tensor (x[1:] += ...) puts device values into the tensor it views
-            self.on_device(*_tensors(out), *written, *(t._base for t in written if t._base is not None))
+            self.on_device(*tensors_in(out), *written, *(t._base for t in written if t._base is not None))
         return out
 
     def __enter__(self):
@@ -81,3 +81,15 @@ class DeviceReads(TorchDispatchMode):
     def __exit__(self, *exc):
         torch.Tensor.tolist = self._tolist
         return super().__exit__(*exc)
+
+
+class DeviceWork(DeviceReads):
+    """Counts (in `reads`) every operation on a device tensor but views, while no captured step runs (`captured`,
+    raised by the caller around one): on a GPU each is a kernel launched from Python."""
+    captured = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        view = not func._schema.is_mutable and any(r.alias_info is not None for r in func._schema.returns)
+        if not (self.captured or view) and any(self.is_on_device(t) for t in tensors_in([args, kwargs or {}])):
+            self.reads[str(func.overloadpacket)] += 1
+        return super().__torch_dispatch__(func, types, args, kwargs)

@@ -18,7 +18,7 @@ from dart_core.setup.tiny_models import OracleDrafter, plain_greedy_reference, r
 from dart_core.tree import TokenTree
 from dart_core.tree_search import SearchConfig
 from dart_core.setup.tiny_models import random_prompts as prompts
-from tests.device_reads import DeviceReads
+from tests.device_reads import DeviceWork
 from tests.graph_standin import CapturableOnly, ReplayedOnTheCpu, play_captures
 from tests.lean_pairs import NATIVE, STEPS, lean_pair
 
@@ -202,25 +202,6 @@ def test_a_bucket_sees_the_cache_its_block_and_padded_rows_themselves():
             else:
                 expected[r, past + r] = True
         assert torch.equal(sees(block, torch.tensor(past), torch.tensor(n), span), expected), (bucket, past, n)
-
-
-class DeviceWork(DeviceReads):
-    """Every operation on a device tensor, outside the captured steps (each a kernel launch on a GPU)."""
-    captured = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        view = not func._schema.is_mutable and any(r.alias_info is not None for r in func._schema.returns)
-        if not (self.captured or view) and any(self.is_on_device(t) for t in _flat([args, kwargs or {}])):
-            self.reads[str(func.overloadpacket)] += 1
-        return super().__torch_dispatch__(func, types, args, kwargs)
-
-
-def _flat(tree):
-    if isinstance(tree, torch.Tensor):
-        yield tree
-    elif isinstance(tree, (list, tuple, dict)):
-        for item in tree.values() if isinstance(tree, dict) else tree:
-            yield from _flat(item)
 
 
 def test_outside_its_captured_steps_a_decode_step_launches_a_few_operations(one_thread, monkeypatch):
