@@ -9,7 +9,7 @@ import torch
 from dart_core.decoding import GenerationConfig, run
 from dart_core.machine.kernels import measure_plan
 from dart_core import draft_fixed
-from dart_core.fixed_step import FIXED_BUCKETS, FixedStep as FixedStepOf, sees
+from dart_core.fixed_step import FIXED_BUCKETS, FixedStep, sees
 from dart_core.lean_forward import CUDA, EAGER, LeanForward, StaticKV
 from dart_core.ngram import NGramModel
 from dart_core.proposers import DartProposer, HeadDrafter, PromptLookupProposer, VanillaProposer
@@ -206,14 +206,14 @@ def test_a_bucket_sees_the_cache_its_block_and_padded_rows_themselves():
 
 def test_outside_its_captured_steps_a_decode_step_launches_a_few_operations(one_thread, monkeypatch):
     """On a GPU each operation outside a graph is a launch of its own from Python: a step's inputs go in two copies
-    (the target's) and four (the head's), and what the step needs of them it computes inside its graph."""
+    (the target's) and three (the head's), and what the step needs of them it computes inside its graph."""
     play_captures(monkeypatch)
     _, lean = lean_pair("qwen3", seed=5, graphs=CUDA)
     head = random_head(lean)
     proposer = DartProposer(HeadDrafter(head, lean), SearchConfig(node_budget=12))
     prompt = prompts(1, lean.vocab_size, seed=6)[0]
     work = DeviceWork()
-    for step, name in ((FixedStepOf, "_step"), (draft_fixed.FixedDraft, "_compute"), (ReplayedOnTheCpu, "replay")):
+    for step, name in ((FixedStep, "_step"), (draft_fixed.FixedDraft, "_compute"), (ReplayedOnTheCpu, "replay")):
         inner = getattr(step, name)
 
         def captured(*args, inner=inner, **kwargs):
