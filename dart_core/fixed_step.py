@@ -89,7 +89,7 @@ class FixedStep:
     def _prepare(self, bucket: int) -> Captured:
         device, past = self.kv.device, self.cache.length
         host = torch.zeros(2 * bucket + 2, dtype=torch.long)
-        host[bucket:] = past   # no real row: the warm-ups write past the valid entries, each row seeing itself
+        host[bucket: 2 * bucket + 1] = past   # and n = 0, no real row: warm-ups write past the valid entries
         block_host = torch.zeros(bucket, bucket, dtype=torch.bool)
         step = Captured(host, block_host, on(device, host), on(device, block_host))
         if self.lean.graphs == "cuda":
