@@ -296,7 +296,6 @@ class TargetModel:
         if isinstance(cache, StaticKV):
             return self._lean_forward(ids, pos, cache, None if chain else tree.ancestor_mask(), features,
                                       choices=choices)
-        ids, pos = ids.to(self.device, non_blocking=True), pos.to(self.device, non_blocking=True)
         if chain:
             mask = None  # a chain (plain decoding, prompt lookup): the model's own causal mask is the tree mask
         else:
