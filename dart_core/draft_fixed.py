@@ -116,14 +116,15 @@ class FixedDraft:
         device = bucket.sizes.device
         row = torch.arange(size + K, device=device)
         slot = row - size                                           # a mask slot's index (rows from `size`)
-        real, padded = row < S, (row >= S) & (slot < 0)
-        positions = torch.where(real, P + row, torch.where(slot >= 0, P + S + slot, P))
+        positions = torch.where(row < S, P + row, torch.where(slot >= 0, P + S + slot, P))
+        # the real rows causal over the cache and themselves, a padded row only itself (as the target's rows); each
+        # slot the cache, the real rows and the slots up to itself
+        causal = torch.ones(size, size, dtype=torch.bool, device=device).tril()
         entry = torch.arange(span, device=device)[None] - P         # cache entries from the first new row's
-        row, slot = row[:, None], slot[:, None]
-        mask = (real[:, None] & (entry <= row)) | (padded[:, None] & (entry == row)) | \
-            ((slot >= 0) & ((entry < S) | ((entry >= size) & (entry - size <= slot))))
-        rows = torch.cat([(S - 1).clamp(min=0)[None], size + torch.arange(K, device=device)])   # S = 0: warm-ups
-        return positions, P + row[:, 0], mask, rows
+        slots_see = (entry < S) | ((entry >= size) & (entry - size <= slot[size:, None]))
+        mask = torch.cat([fixed_step.sees(causal, P, S, span), slots_see])
+        rows = torch.cat([(S - 1).clamp(min=0)[None], row[size:]])   # S = 0: warm-ups
+        return positions, P + row, mask, rows
 
     def _compute(self, bucket: _Bucket) -> torch.Tensor:
         """The step's arithmetic from the bucket's inputs (what a graph captures): DraftHead.forward's, the keys and
