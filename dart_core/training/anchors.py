@@ -38,11 +38,12 @@ def sequence_batch(seq: SequenceExample, n_rows: int, n_anchors: int, rng: rando
                        real=torch.ones(anchors.shape[0], dtype=torch.bool))
 
 
-def head_logits(forward, target: TargetModel, seqs: list[SequenceExample], anchors: torch.Tensor) -> torch.Tensor:
-    """The head's logits [B, A, R, Vd] for the anchors [B, A] (on the host) of B sequences (padded:
-    AnchorBatch.stack), each as `DraftHead.forward_train` gives them (a trained head has its own output layer).
-    forward: a TrainingForward of the head (or its DDP wrapper). The inputs are gathered on the host and sent in one
-    copy of each kind, which a GPU does not wait for."""
+def head_logits(forward, target: TargetModel, seqs: list[SequenceExample], anchors: torch.Tensor,
+                on_device: torch.Tensor) -> torch.Tensor:
+    """The head's logits [B, A, R, Vd] for the anchors [B, A] (on the host; `on_device`: the same already copied to
+    the training device) of B sequences (padded: AnchorBatch.stack), each as `DraftHead.forward_train` gives them (a
+    trained head has its own output layer). forward: a TrainingForward of the head (or its DDP wrapper). The inputs
+    are gathered on the host and sent in one copy of each kind, which a GPU does not wait for."""
     device = target.device
     ends = anchors.max(dim=1).values + 1   # positions past a sequence's last anchor are never attended to
     n = int(ends.max())
@@ -55,7 +56,7 @@ def head_logits(forward, target: TargetModel, seqs: list[SequenceExample], ancho
     with torch.no_grad():
         embeds = target.embed_tokens(ids.to(device, non_blocking=True)).float()
         embeds = embeds.masked_fill_(past_end.to(device, non_blocking=True), 0.0)
-    return forward(feats.to(device, non_blocking=True).float(), embeds, anchors.to(device, non_blocking=True))
+    return forward(feats.to(device, non_blocking=True).float(), embeds, on_device)
 
 
 def row_stats(logits: torch.Tensor, batch: AnchorBatch) -> RowStats:

@@ -206,10 +206,11 @@ class Trainer:
         if not kept:
             return None, None, missing
         on_host = AnchorBatch.stack([b for _, b in kept])
+        batch = on_host.to(self.device)
         with self._autocast():
             logits = head_logits(model or TrainingForward(self.head), self.target, [s for s, _ in kept],
-                                 on_host.anchors)
-        return on_host.to(self.device), logits, missing
+                                 on_host.anchors, batch.anchors)
+        return batch, logits, missing
 
     def _groups(self, items: list) -> list[list]:
         """`items` in groups of sequence_batch: what goes through one head forward."""
